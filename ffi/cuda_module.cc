@@ -1,0 +1,31 @@
+// jax_gpuext._cuda: hands the CUDA handlers to Python and answers questions about the
+// CUDA build and the driver. Handlers live in ffi/cuda/*.cc; kernels in csrc/.
+#include <cuda_runtime_api.h>
+#include <nanobind/nanobind.h>
+
+#include "ffi/common/module_util.h"
+
+namespace nb = nanobind;
+
+NB_MODULE(_cuda, m) {
+  m.def("registrations", &gpuext::RegistrationsDict);
+  m.def("build_info", []() {
+    nb::dict info;
+    gpuext::AddCommonBuildInfo(info);
+    info["platform"] = "cuda";
+    info["cuda_version"] = GPUEXT_CUDA_VERSION_STRING;
+    info["cuda_runtime_version"] = CUDART_VERSION;  // e.g. 13000
+    info["architectures"] = GPUEXT_CUDA_ARCHITECTURES;
+    return info;
+  });
+  // Driver API version (e.g. 13000) or 0 when no driver is installed: never raises, so
+  // `capabilities()` works on a machine without a GPU.
+  m.def("driver_version", []() {
+    int version = 0;
+    return cudaDriverGetVersion(&version) == cudaSuccess ? version : 0;
+  });
+  m.def("device_count", []() {
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+  });
+}

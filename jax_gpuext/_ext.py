@@ -1,0 +1,63 @@
+"""Loading the compiled extensions and registering their FFI targets with XLA.
+
+``_cpu`` is always built; ``_cuda`` only where nvcc was found. Neither import may make
+``import jax_gpuext`` fail: a missing or broken module is recorded with its reason and
+reported by the ``cpu_extension`` / ``cuda_extension`` gates.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+import threading
+
+logger = logging.getLogger("jax_gpuext")
+
+# XLA's platform names. "CUDA" must be spelled exactly so (REFERENCE section 1).
+_PLATFORMS = {"cpu": "cpu", "cuda": "CUDA"}
+_lock = threading.Lock()
+_registered: set[str] = set()
+
+
+@functools.cache
+def load(kind: str):
+    """Returns ``(module, None)`` or ``(None, reason)`` for kind "cpu" or "cuda"."""
+    try:
+        return importlib.import_module(f"jax_gpuext._{kind}"), None
+    except ImportError as e:  # not built, or a shared library it needs is missing
+        if kind == "cuda" and "No module named" in str(e):
+            return None, ("jax_gpuext._cuda was not built (no CUDA compiler when the package "
+                          "was installed; reinstall with nvcc on PATH or JAX_GPUEXT_CUDA=ON)")
+        return None, f"jax_gpuext._{kind} failed to import: {e}"
+
+
+def module(kind: str):
+    return load(kind)[0]
+
+
+def build_info(kind: str) -> dict | None:
+    mod = module(kind)
+    return None if mod is None else dict(mod.build_info())
+
+
+def ensure_registered(kind: str) -> None:
+    """Registers every FFI target of extension ``kind`` with XLA, once per process."""
+    if kind in _registered:
+        return
+    import jax
+
+    with _lock:
+        if kind in _registered:
+            return
+        mod = module(kind)
+        if mod is not None:
+            for name, handler in mod.registrations().items():
+                jax.ffi.register_ffi_target(name, handler, platform=_PLATFORMS[kind])
+                logger.debug("registered FFI target %s for %s", name, _PLATFORMS[kind])
+        _registered.add(kind)
+
+
+def ensure_all_registered() -> None:
+    for kind in _PLATFORMS:
+        ensure_registered(kind)

@@ -1,0 +1,114 @@
+"""Finding and loading the GPU runtime libraries (cuDNN, cuBLASLt, NVSHMEM) at run time.
+
+Search order for each library: the pip ``nvidia-*`` packages in every site-packages
+directory on ``sys.path`` (``nvidia/<pkg>/lib`` for CUDA 12 wheels, ``nvidia/cu13/lib`` for
+CUDA 13 wheels), then the system loader (``LD_LIBRARY_PATH``, ldconfig). Only versioned
+sonames are tried because the wheels ship only those (REFERENCE section 4).
+
+Nothing is loaded at import: a library is opened the first time an op or a capability
+query needs it, and a failure is an answer ("not found: ..."), never an exception.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import functools
+import glob
+import os
+import sys
+
+
+@dataclasses.dataclass(frozen=True)
+class LibrarySpec:
+    name: str
+    sonames: tuple[str, ...]
+    wheel_dirs: tuple[str, ...]  # relative to site-packages/nvidia
+
+
+LIBRARIES = {
+    "cudnn": LibrarySpec("cuDNN", ("libcudnn.so.9",), ("cudnn/lib", "cu13/lib", "cu12/lib")),
+    "cublaslt": LibrarySpec(
+        "cuBLASLt", ("libcublasLt.so.13", "libcublasLt.so.12"), ("cu13/lib", "cublas/lib", "cu12/lib")
+    ),
+    "nvshmem": LibrarySpec("NVSHMEM", ("libnvshmem_host.so.3",), ("nvshmem/lib", "cu13/lib", "cu12/lib")),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedLibrary:
+    key: str
+    path: str | None  # None when found only through the system loader by soname
+    handle: ctypes.CDLL
+
+
+def _site_dirs() -> list[str]:
+    return [p for p in sys.path if p and os.path.isdir(os.path.join(p, "nvidia"))]
+
+
+def candidates(key: str) -> list[str]:
+    """Every file path (wheel locations first) that could provide library ``key``."""
+    spec = LIBRARIES[key]
+    found = []
+    for site in _site_dirs():
+        for sub in spec.wheel_dirs:
+            for soname in spec.sonames:
+                found += sorted(glob.glob(os.path.join(site, "nvidia", sub, soname)))
+    return found
+
+
+@functools.cache
+def load(key: str) -> tuple[LoadedLibrary | None, str]:
+    """Opens library ``key``; returns ``(library, where)`` or ``(None, why not)``."""
+    spec = LIBRARIES[key]
+    errors = []
+    for path in candidates(key):
+        try:
+            return LoadedLibrary(key, path, ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)), path
+        except OSError as e:
+            errors.append(f"{path}: {e}")
+    for soname in spec.sonames:
+        try:
+            return LoadedLibrary(key, None, ctypes.CDLL(soname, mode=ctypes.RTLD_GLOBAL)), f"system {soname}"
+        except OSError as e:
+            errors.append(f"{soname}: {e}")
+    hint = {"cudnn": "nvidia-cudnn-cu12/-cu13", "cublaslt": "nvidia-cublas(-cu12)",
+            "nvshmem": "nvidia-nvshmem-cu12/-cu13"}[key]
+    return None, f"{spec.name} not found (install {hint}, or jax-gpuext[cuda12|cuda13]); tried " + "; ".join(errors)
+
+
+def _call_int(lib: LoadedLibrary, fn: str, *args) -> int | None:
+    try:
+        f = getattr(lib.handle, fn)
+    except AttributeError:
+        return None
+    f.restype = ctypes.c_size_t if fn in ("cudnnGetVersion", "cublasLtGetVersion") else ctypes.c_int
+    return int(f(*args))
+
+
+@functools.cache
+def version(key: str) -> tuple[tuple[int, ...] | None, str]:
+    """``((major, minor, patch), where)`` of library ``key``, or ``(None, why not)``."""
+    lib, where = load(key)
+    if lib is None:
+        return None, where
+    if key == "cudnn":  # cudnnGetVersion: major*10000 + minor*100 + patch since cuDNN 9
+        v = _call_int(lib, "cudnnGetVersion")
+        return (v // 10000, (v % 10000) // 100, v % 100), where
+    if key == "cublaslt":  # cublasLtGetVersion: major*10000 + minor*100 + patch
+        v = _call_int(lib, "cublasLtGetVersion")
+        return (v // 10000, (v % 10000) // 100, v % 100), where
+    if key == "nvshmem":  # nvshmem_info_get_version(int* major, int* minor): safe before init
+        major, minor = ctypes.c_int(0), ctypes.c_int(0)
+        try:
+            lib.handle.nvshmem_info_get_version(ctypes.byref(major), ctypes.byref(minor))
+        except AttributeError:
+            return None, f"{where} has no nvshmem_info_get_version"
+        return (major.value, minor.value, 0), where
+    raise KeyError(key)
+
+
+def path(key: str) -> str | None:
+    """Path of the library file, for handing to C++ code that dlopens it itself."""
+    lib, _ = load(key)
+    return None if lib is None else lib.path

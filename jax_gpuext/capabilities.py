@@ -1,0 +1,96 @@
+"""``capabilities()``: what this installation can do, as one structured report."""
+
+from __future__ import annotations
+
+import platform as _platform
+
+from jax_gpuext import _ext, _libs, gates
+
+
+def _devices() -> list[dict]:
+    import jax
+
+    out = []
+    for d in jax.devices():
+        entry = {"id": d.id, "platform": d.platform, "kind": d.device_kind}
+        cc = getattr(d, "compute_capability", None)
+        if cc is not None:
+            entry["compute_capability"] = str(cc)
+        try:
+            stats = d.memory_stats() or {}
+            if "bytes_limit" in stats:
+                entry["memory_bytes"] = int(stats["bytes_limit"])
+        except Exception:  # noqa: BLE001 - CPU devices have no memory stats
+            pass
+        out.append(entry)
+    return out
+
+
+def _library(key: str) -> dict:
+    v, where = _libs.version(key)
+    return {"name": _libs.LIBRARIES[key].name, "version": None if v is None else ".".join(map(str, v)),
+            "where" if v is not None else "error": where}
+
+
+def capabilities() -> dict:
+    """Versions, the extensions' builds, devices, libraries and every gate with its reason."""
+    import jax
+    import jaxlib
+
+    dv = gates.driver_version()
+    minor = gates.jaxlib_ffi_api_minor()
+    return {
+        "python": _platform.python_version(),
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "jaxlib_ffi_api": None if minor is None else f"0.{minor}",
+        "extensions": {kind: (_ext.build_info(kind) or {"error": _ext.load(kind)[1]}) for kind in ("cpu", "cuda")},
+        "devices": _devices(),
+        "cuda_driver": None if dv is None else f"{dv // 1000}.{dv % 1000 // 10}",
+        "libraries": {key: _library(key) for key in _libs.LIBRARIES},
+        "gates": {
+            name: {"supported": r.supported, "reason": r.reason, "requires": g.requires, "why": g.why,
+                   "category": g.category}
+            for name, g in gates.GATES.items()
+            for r in [g.check()]
+        },
+    }
+
+
+def format_table(report: dict) -> str:
+    """The report as aligned text tables, for ``python -m jax_gpuext info``."""
+    rows = [("python", report["python"]), ("jax", report["jax"]), ("jaxlib", report["jaxlib"]),
+            ("jaxlib FFI API", report["jaxlib_ffi_api"] or "?"), ("CUDA driver", report["cuda_driver"] or "none")]
+    for kind, info in report["extensions"].items():
+        if "error" in info:
+            rows.append((f"extension _{kind}", f"unavailable: {info['error']}"))
+        else:
+            desc = f"FFI API {info['ffi_api_major']}.{info['ffi_api_minor']}"
+            if kind == "cuda":
+                desc += f", CUDA {info['cuda_version']}, archs {info['architectures']}"
+            rows.append((f"extension _{kind}", desc))
+    for d in report["devices"]:
+        desc = d["kind"]
+        if "compute_capability" in d:
+            desc += f", compute capability {d['compute_capability']}"
+        if "memory_bytes" in d:
+            desc += f", {d['memory_bytes'] / 2**30:.1f} GiB"
+        rows.append((f"device {d['platform']}:{d['id']}", desc))
+    for key, lib in report["libraries"].items():
+        rows.append((lib["name"], lib["version"] + f" ({lib['where']})" if lib["version"] else
+                     "not available: " + lib["error"]))
+    width = max(len(k) for k, _ in rows)
+    out = ["jax-gpuext capabilities", ""] + [f"{k:<{width}}  {v}" for k, v in rows]
+    out += ["", "gates"]
+    gw = max(len(n) for n in report["gates"])
+    for name, g in report["gates"].items():
+        out.append(f"  {name:<{gw}}  {'yes' if g['supported'] else 'no ':<3}  {g['reason']}")
+    return "\n".join(out)
+
+
+def gates_markdown() -> str:
+    """The gates table for docs/gates.md (static parts only: what each gate requires and why)."""
+    lines = ["| gate | category | requires | why |", "|---|---|---|---|"]
+    for g in gates.GATES.values():
+        lines.append(f"| `{g.name}` | {g.category} | {g.requires} | {g.why} |")
+    return "\n".join(lines)
