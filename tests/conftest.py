@@ -1,0 +1,54 @@
+"""Shared test setup.
+
+- ``@pytest.mark.gates("cuda_device", "hopper")`` skips a test unless every named gate of
+  ``jax_gpuext.gates`` is open, with the gate's reason as the skip reason. Under
+  ``JAX_GPUEXT_REQUIRE_GPU=1`` (the GPU run script sets it) such a skip is a failure instead, so a
+  GPU run cannot pass by skipping its GPU tests.
+- Tests must run against the installed package: a source checkout without the compiled
+  extension would silently test only the reference paths.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+
+import jax_gpuext
+from jax_gpuext import gates
+
+REQUIRE_GPU = os.environ.get("JAX_GPUEXT_REQUIRE_GPU", "") not in ("", "0")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gates(*names): skip unless these jax_gpuext gates are open")
+    here = pathlib.Path(jax_gpuext.__file__).resolve().parent
+    if not gates.check("cpu_extension").supported:
+        raise pytest.UsageError(
+            f"jax_gpuext imported from {here} has no usable CPU extension "
+            f"({gates.check('cpu_extension').reason}). Install the package (README) and run "
+            "the venv's pytest, not `python -m pytest` from the source tree.")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        names = [n for m in item.iter_markers("gates") for n in m.args]
+        if item.get_closest_marker("gpu") and "cuda_device" not in names:
+            names = ["cuda_extension", "cuda_device"] + names
+        if not names:
+            continue
+        r = gates.check_all(names)
+        if r.supported:
+            continue
+        if REQUIRE_GPU:
+            item.add_marker(pytest.mark.usefixtures("_gate_closed_is_failure"))
+            item.user_properties.append(("closed_gate", r.reason))
+        else:
+            item.add_marker(pytest.mark.skip(reason=f"gate closed: {r.reason}"))
+
+
+@pytest.fixture
+def _gate_closed_is_failure(request):
+    reason = dict(request.node.user_properties)["closed_gate"]
+    pytest.fail(f"JAX_GPUEXT_REQUIRE_GPU=1 but a gate is closed: {reason}")
