@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The one GPU script: build in place, run the GPU tests, run the benchmarks, write results.
+#
+#   scripts/gpu_run.sh [--quick] [--no-build] [--only tests|bench]
+#
+# Writes $RESULTS_DIR/<date>-<device>.json and .md (default benchmarks/results/) with device,
+# driver, versions, commit and every number. GPU_RUN_COMMIT names the commit where .git is absent
+# (the device tool copies the working tree without it). Expects a machine with an NVIDIA GPU, nvcc,
+# and jax with CUDA installed; nothing is downloaded (pip --no-build-isolation --no-deps).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+QUICK=0; BUILD=1; ONLY=all
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) QUICK=1 ;; --no-build) BUILD=0 ;; --only) ONLY="$2"; shift ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac; shift
+done
+PY=${PYTHON:-python3}
+RESULTS_DIR=${RESULTS_DIR:-benchmarks/results}
+WORK=$(mktemp -d); mkdir -p "$RESULTS_DIR"
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_GPUEXT_REQUIRE_GPU=1
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader \
+  || { echo "no NVIDIA GPU visible (nvidia-smi failed)" >&2; exit 1; }
+
+if [ "$BUILD" = 1 ]; then
+  echo "=== build (in place, against the installed jaxlib's FFI headers)"
+  # sm_90a only: the H100 is the target here, and it keeps the build short.
+  JAX_GPUEXT_CUDA=ON JAX_GPUEXT_CUDA_ARCHITECTURES="${JAX_GPUEXT_CUDA_ARCHITECTURES:-90a-real}" \
+    "$PY" -m pip install --no-build-isolation --no-deps -q . 2>&1 | tail -20 || exit 1
+fi
+(cd / && "$PY" -m jax_gpuext info) | tee "$WORK/info.txt"
+(cd / && "$PY" -m jax_gpuext info --json) > "$WORK/info.json"
+
+status=0
+if [ "$ONLY" != bench ]; then
+  echo "=== GPU tests (closed gates fail under JAX_GPUEXT_REQUIRE_GPU=1)"
+  (cd / && "$PY" -m pytest "$OLDPWD/tests" -m "gpu" -q -rA --junitxml="$WORK/gpu-tests.xml") 2>&1 \
+    | tee "$WORK/gpu-tests.txt"
+  status=${PIPESTATUS[0]}
+  if command -v compute-sanitizer >/dev/null 2>&1 && [ -f tests/sanitizer_targets.txt ]; then
+    echo "=== compute-sanitizer (memcheck, racecheck) on tests/sanitizer_targets.txt"
+    while read -r target; do
+      [ -z "$target" ] && continue
+      for tool in memcheck racecheck; do
+        (cd / && compute-sanitizer --tool "$tool" --error-exitcode 9 "$PY" -m pytest -q "$OLDPWD/tests/$target") \
+          > "$WORK/sanitizer-$tool-$(echo "$target" | tr '/:' '__').txt" 2>&1
+        echo "$tool $target: exit $?" | tee -a "$WORK/sanitizer.txt"
+      done
+    done < tests/sanitizer_targets.txt
+  fi
+fi
+
+if [ "$ONLY" != tests ]; then
+  echo "=== benchmarks"
+  for bench in benchmarks/bench_*.py; do
+    name=$(basename "$bench" .py)
+    args=(--out "$WORK/$name.json")
+    [ "$QUICK" = 1 ] && args+=(--quick)
+    (cd / && "$PY" "$OLDPWD/$bench" "${args[@]}") 2>&1 | tee "$WORK/$name.txt"
+    echo "$name: exit ${PIPESTATUS[0]}"
+  done
+fi
+
+echo "=== results"
+GPU_RUN_COMMIT=${GPU_RUN_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)} \
+  "$PY" scripts/write_results.py --work "$WORK" --out-dir "$RESULTS_DIR" --tests-status "$status"
+exit $status
