@@ -45,4 +45,7 @@ def _steps():
 # Op families that contribute demo steps (each module defines demo_steps()).
 _FAMILY_MODULES = [
     "jax_gpuext.formats",
+    "jax_gpuext.memory",
+    "jax_gpuext.dot",
+    "jax_gpuext.collectives",
 ]

@@ -199,6 +199,15 @@ def _jaxlib_memory_spaces():
     return _jaxlib_at_least((0, 10, 0))
 
 
+@_gate("jax_memory_space_api", "jax", "jax >= 0.7.1",
+       "jax.memory.Space (device_put to pinned_host inside jit, used by place(x, PINNED_HOST)) first appears in 0.7.1")
+def _jax_memory_space_api():
+    import jax
+
+    ok = hasattr(jax, "memory") and hasattr(jax.memory, "Space")
+    return GateResult(ok, f"jax {_fmt(jax_version())} {'has' if ok else 'lacks'} jax.memory.Space")
+
+
 @_gate("jax_scaled_matmul_cpu", "jax", "jax >= 0.11.0",
        "jax.nn.scaled_matmul has a CPU lowering only from 0.11.0; used as a cross-check baseline")
 def _jax_scaled_matmul_cpu():
@@ -316,3 +325,41 @@ def _cublaslt_blockwise_fp8():
        "the NVSHMEM all-reduce needs the host library and a symmetric heap")
 def _nvshmem():
     return _library_at_least("nvshmem", (3, 0, 0))
+
+
+# --------------------------------------------------------------------------- block-scaled dot (issue 4)
+def _cuda_target_built(target: str, missing: str) -> GateResult:
+    mod = _ext.module("cuda")
+    if mod is None:
+        return GateResult(False, "no CUDA extension")
+    ok = target in mod.registrations()
+    return GateResult(ok, f"_cuda has {target}" if ok else missing)
+
+
+@_gate("cublaslt_dot_built", "build", "_cuda built with cublasLt.h",
+       "the cuBLASLt block-scaled dot handler is compiled only where cublasLt.h was found at build time")
+def _cublaslt_dot_built():
+    return _cuda_target_built("gpuext_block_scaled_dot_cublaslt",
+                              "built without cublasLt.h (pip install nvidia-cublas in the build env, or set "
+                              "JAX_GPUEXT_CUBLASLT_INCLUDE_DIR)")
+
+
+@_gate("cudnn_dot_built", "build", "_cuda built with JAX_GPUEXT_CUDNN on",
+       "the cuDNN block-scaled dot needs the cudnn-frontend headers at build time (JAX_GPUEXT_CUDNN=AUTO|ON)")
+def _cudnn_dot_built():
+    return _cuda_target_built("gpuext_block_scaled_dot_cudnn",
+                              "built without the cuDNN backend (JAX_GPUEXT_CUDNN=OFF, or AUTO found no "
+                              "cudnn-frontend headers)")
+
+
+@_gate("nvshmem_allreduce_module", "build", "jax_gpuext._nvshmem imports (libnvshmem_host.so.3 loaded first)",
+       "the NVSHMEM all-reduce kernels live in their own module, built only where NVSHMEM headers "
+       "were found, so that `import jax_gpuext` never needs libnvshmem_host")
+def _nvshmem_allreduce_module():
+    from jax_gpuext import distributed
+
+    mod, why = distributed.load_module()
+    if mod is None:
+        return GateResult(False, why)
+    info = mod.build_info()
+    return GateResult(True, f"built against NVSHMEM {info['nvshmem_version']}")

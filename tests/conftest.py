@@ -13,6 +13,11 @@ from __future__ import annotations
 import os
 import pathlib
 
+# 8 host devices for the multi-device tests (all_reduce, issue 6). XLA reads XLA_FLAGS when
+# its CPU backend starts, so this must run before any test touches jax.devices().
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+
 import pytest
 
 import jax_gpuext

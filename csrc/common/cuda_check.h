@@ -17,5 +17,13 @@
                                      cudaGetErrorString(gpuext_cuda_err_));              \
   } while (0)
 
-// After a kernel launch: launch-configuration errors surface here, not at the next call.
-#define GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR(what) GPUEXT_CUDA_RETURN_IF_ERROR((what, cudaGetLastError()))
+// After a kernel launch (`kernel` is a string literal naming it): launch-configuration errors
+// surface here, attributed to that launch, not at the next unrelated CUDA call.
+#define GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR(kernel)                                            \
+  do {                                                                                        \
+    cudaError_t gpuext_cuda_err_ = cudaGetLastError();                                        \
+    if (gpuext_cuda_err_ != cudaSuccess)                                                      \
+      return ::gpuext::Status::Error(std::string(GPUEXT_WHERE ": launch of " kernel " failed: ") + \
+                                     cudaGetErrorName(gpuext_cuda_err_) + ": " +             \
+                                     cudaGetErrorString(gpuext_cuda_err_));                  \
+  } while (0)

@@ -1,0 +1,38 @@
+// The one-shot and two-shot all-reduce protocols of the NVSHMEM kernels, run between the
+// threads that XLA's CPU runtime uses for its host devices. A process-local "symmetric
+// heap" stands in for NVSHMEM's: one workspace per rank, flags that a writer sets in the
+// reader's memory, epoch counters that only grow. Same chunking, same epochs, same
+// timeout-and-name-the-missing-peers behaviour, so CI tests the protocol against lax.psum.
+#pragma once
+
+#include <cstdint>
+
+#include "csrc/allreduce/reduce_ops.h"
+#include "csrc/common/status.h"
+
+namespace gpuext::allreduce {
+
+struct CpuAllReduceArgs {
+  const void* in = nullptr;
+  void* out = nullptr;
+  int64_t count = 0;  // elements
+  DType dtype = DType::kF32;
+  ReduceOp op = ReduceOp::kSum;
+  Algorithm algorithm = Algorithm::kOneShot;
+  int rank = 0;        // this caller's index in the group
+  int group_size = 1;  // ranks in the group
+  int64_t site = 0;    // call site: one heap per (site, color), see cpu_protocol.cc
+  int64_t color = 0;   // which group, when a mesh has several along the reduced axis
+  int64_t workspace_bytes = 0;  // per rank; messages larger than a chunk are split
+  double timeout_s = 30.0;
+};
+
+// Blocks until every rank of the group has called it with the same site/color, or until the
+// timeout; then returns an error naming the ranks that did not arrive. A group that timed out
+// stays failed (its epochs can no longer agree): later calls at that site fail at once.
+Status CpuAllReduce(const CpuAllReduceArgs& args);
+
+// Elements per chunk for a per-rank workspace of `workspace_bytes` (0: too small).
+int64_t ChunkElements(Algorithm algorithm, int group_size, int64_t workspace_bytes, int element_bytes);
+
+}  // namespace gpuext::allreduce

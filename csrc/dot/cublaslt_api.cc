@@ -1,0 +1,78 @@
+#include "csrc/dot/cublaslt_api.h"
+
+#include <dlfcn.h>
+
+#include <mutex>
+
+namespace gpuext {
+
+namespace {
+
+template <typename Fn>
+Status Resolve(void* lib, const char* name, Fn* fn) {
+  *fn = reinterpret_cast<Fn>(dlsym(lib, name));
+  if (*fn == nullptr) return Status::Error(std::string("cuBLASLt has no symbol ") + name);
+  return Status::Ok();
+}
+
+Status LoadOnce(const std::string& path, CublasLtApi* api) {
+  if (path.empty()) {
+    return Status::Error("no cuBLASLt library path (jax_gpuext._libs found none: install nvidia-cublas)");
+  }
+  // RTLD_LOCAL: our resolution must not change which cuBLASLt other libraries bind to.
+  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) return Status::Error("dlopen(" + path + ") failed: " + dlerror());
+  GPUEXT_RETURN_IF_ERROR(Resolve(lib, "cublasLtCreate", &api->Create));
+  GPUEXT_RETURN_IF_ERROR(Resolve(lib, "cublasLtGetVersion", &api->GetVersion));
+  GPUEXT_RETURN_IF_ERROR(Resolve(lib, "cublasLtMatmul", &api->Matmul));
+  GPUEXT_RETURN_IF_ERROR(Resolve(lib, "cublasLtMatmulDescCreate", &api->MatmulDescCreate));
+  GPUEXT_RETURN_IF_ERROR(Resolve(lib, "cublasLtMatmulDescDestroy", &api->MatmulDescDestroy));
+  GPUEXT_RETURN_IF_ERROR(Resolve(lib, "cublasLtMatmulDescSetAttribute", &api->MatmulDescSetAttribute));
+  GPUEXT_RETURN_IF_ERROR(Resolve(lib, "cublasLtMatrixLayoutCreate", &api->MatrixLayoutCreate));
+  GPUEXT_RETURN_IF_ERROR(Resolve(lib, "cublasLtMatrixLayoutDestroy", &api->MatrixLayoutDestroy));
+  GPUEXT_RETURN_IF_ERROR(Resolve(lib, "cublasLtMatmulPreferenceCreate", &api->MatmulPreferenceCreate));
+  GPUEXT_RETURN_IF_ERROR(Resolve(lib, "cublasLtMatmulPreferenceDestroy", &api->MatmulPreferenceDestroy));
+  GPUEXT_RETURN_IF_ERROR(
+      Resolve(lib, "cublasLtMatmulPreferenceSetAttribute", &api->MatmulPreferenceSetAttribute));
+  GPUEXT_RETURN_IF_ERROR(Resolve(lib, "cublasLtMatmulAlgoGetHeuristic", &api->MatmulAlgoGetHeuristic));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status LoadCublasLt(const std::string& path, const CublasLtApi** api) {
+  static std::mutex mu;
+  static CublasLtApi* loaded = nullptr;
+  static std::string loaded_path;
+  std::lock_guard<std::mutex> lock(mu);
+  if (loaded == nullptr) {
+    auto* fresh = new CublasLtApi();
+    Status s = LoadOnce(path, fresh);
+    if (!s.ok()) {
+      delete fresh;
+      return s;
+    }
+    loaded = fresh;
+    loaded_path = path;
+  } else if (path != loaded_path) {
+    return Status::Error("cuBLASLt already loaded from " + loaded_path + ", asked for " + path);
+  }
+  *api = loaded;
+  return Status::Ok();
+}
+
+std::string CublasStatusName(cublasStatus_t s) {
+  switch (s) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default: return "cublasStatus_t " + std::to_string(static_cast<int>(s));
+  }
+}
+
+}  // namespace gpuext

@@ -1,0 +1,46 @@
+// cuBLASLt, loaded at run time. _cuda must import on machines without cuBLAS (docs/design.md,
+// "Build"), so nothing here links against libcublasLt: Python finds the library
+// (jax_gpuext._libs.path("cublaslt")) and hands its path over; we dlopen it once per process and
+// resolve the few entry points we call into a table. cublasLt.h is used for types and enums only.
+#pragma once
+
+#include <cublasLt.h>
+
+#include <string>
+
+#include "csrc/common/status.h"
+
+namespace gpuext {
+
+struct CublasLtApi {
+  decltype(&cublasLtCreate) Create = nullptr;
+  decltype(&cublasLtGetVersion) GetVersion = nullptr;
+  decltype(&cublasLtMatmul) Matmul = nullptr;
+  decltype(&cublasLtMatmulDescCreate) MatmulDescCreate = nullptr;
+  decltype(&cublasLtMatmulDescDestroy) MatmulDescDestroy = nullptr;
+  decltype(&cublasLtMatmulDescSetAttribute) MatmulDescSetAttribute = nullptr;
+  decltype(&cublasLtMatrixLayoutCreate) MatrixLayoutCreate = nullptr;
+  decltype(&cublasLtMatrixLayoutDestroy) MatrixLayoutDestroy = nullptr;
+  decltype(&cublasLtMatmulPreferenceCreate) MatmulPreferenceCreate = nullptr;
+  decltype(&cublasLtMatmulPreferenceDestroy) MatmulPreferenceDestroy = nullptr;
+  decltype(&cublasLtMatmulPreferenceSetAttribute) MatmulPreferenceSetAttribute = nullptr;
+  decltype(&cublasLtMatmulAlgoGetHeuristic) MatmulAlgoGetHeuristic = nullptr;
+};
+
+// Opens `path` (once per process; later calls with another path are an error) and resolves
+// the table. The returned pointer lives until the process exits.
+Status LoadCublasLt(const std::string& path, const CublasLtApi** api);
+
+// "CUBLAS_STATUS_NOT_SUPPORTED (15)": cublasLtGetStatusString is not in every version.
+std::string CublasStatusName(cublasStatus_t s);
+
+}  // namespace gpuext
+
+// Turns a cublasStatus_t into a Status naming the call (csrc/ counterpart of AS_STATUS).
+#define GPUEXT_CUBLAS_RETURN_IF_ERROR(expr)                                                  \
+  do {                                                                                       \
+    cublasStatus_t gpuext_cublas_st_ = (expr);                                               \
+    if (gpuext_cublas_st_ != CUBLAS_STATUS_SUCCESS)                                          \
+      return ::gpuext::Status::Error(std::string(GPUEXT_WHERE ": " #expr " failed: ") +        \
+                                     ::gpuext::CublasStatusName(gpuext_cublas_st_));         \
+  } while (0)

@@ -1,0 +1,146 @@
+#include "csrc/dot/cublaslt_block_scaled.h"
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+
+#include "csrc/common/cuda_check.h"
+#include "csrc/dot/cublaslt_api.h"
+
+namespace gpuext {
+
+namespace {
+
+// The Python side passes these numbers (jax_gpuext/dot_cublaslt.py); keep them in step.
+static_assert(CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F == 0, "scale mode numbering changed");
+static_assert(CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3 == 1, "scale mode numbering changed");
+static_assert(CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0 == 2, "scale mode numbering changed");
+static_assert(CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F == 4, "scale mode numbering changed");
+static_assert(CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F == 5, "scale mode numbering changed");
+
+// RAII for the descriptors: every early return releases what was created.
+struct Descriptors {
+  const CublasLtApi* api;
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  explicit Descriptors(const CublasLtApi* api) : api(api) {}
+  ~Descriptors() {
+    if (pref) api->MatmulPreferenceDestroy(pref);
+    if (d) api->MatrixLayoutDestroy(d);
+    if (b) api->MatrixLayoutDestroy(b);
+    if (a) api->MatrixLayoutDestroy(a);
+    if (op) api->MatmulDescDestroy(op);
+  }
+};
+
+using Key = std::tuple<int, int64_t, int64_t, int64_t, int, int, int, int, int, size_t>;
+
+struct Plan {
+  cublasLtMatmulAlgo_t algo;
+};
+
+// One cuBLASLt handle per device and one algorithm per problem key, for the whole process
+// (REFERENCE section 1: process-global state instead of FFI State types).
+std::mutex g_mu;
+std::map<int, cublasLtHandle_t>& Handles() {
+  static auto* h = new std::map<int, cublasLtHandle_t>();
+  return *h;
+}
+std::map<Key, Plan>& Plans() {
+  static auto* p = new std::map<Key, Plan>();
+  return *p;
+}
+
+template <typename T>
+cublasStatus_t SetOp(const CublasLtApi* api, cublasLtMatmulDesc_t op, cublasLtMatmulDescAttributes_t attr,
+                     const T& value) {
+  return api->MatmulDescSetAttribute(op, attr, &value, sizeof(value));
+}
+
+// cuBLAS is column-major: out^T (N x M) = op_T(A = rhs, stored K x N) * op_N(B = lhs, stored K x M).
+// Both operands are K-contiguous: the "TN" layout FP8 requires.
+Status Describe(const CublasLtApi* api, const BlockScaledMatmul& p, Descriptors& ds) {
+  GPUEXT_CUBLAS_RETURN_IF_ERROR(api->MatmulDescCreate(&ds.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
+  GPUEXT_CUBLAS_RETURN_IF_ERROR(SetOp(api, ds.op, CUBLASLT_MATMUL_DESC_TRANSA, t));
+  GPUEXT_CUBLAS_RETURN_IF_ERROR(SetOp(api, ds.op, CUBLASLT_MATMUL_DESC_TRANSB, n));
+  // alpha (global scales) and beta (0) live on the device: no host sync, graph-safe.
+  const cublasLtPointerMode_t mode = CUBLASLT_POINTER_MODE_DEVICE;
+  GPUEXT_CUBLAS_RETURN_IF_ERROR(SetOp(api, ds.op, CUBLASLT_MATMUL_DESC_POINTER_MODE, mode));
+  const int32_t a_mode = p.rhs_scale_mode, b_mode = p.lhs_scale_mode;
+  GPUEXT_CUBLAS_RETURN_IF_ERROR(SetOp(api, ds.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, a_mode));
+  GPUEXT_CUBLAS_RETURN_IF_ERROR(SetOp(api, ds.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, b_mode));
+  GPUEXT_CUBLAS_RETURN_IF_ERROR(api->MatrixLayoutCreate(&ds.a, p.rhs_type, p.k, p.n, p.k));
+  GPUEXT_CUBLAS_RETURN_IF_ERROR(api->MatrixLayoutCreate(&ds.b, p.lhs_type, p.k, p.m, p.k));
+  GPUEXT_CUBLAS_RETURN_IF_ERROR(api->MatrixLayoutCreate(&ds.d, p.out_type, p.n, p.m, p.n));
+  return Status::Ok();
+}
+
+size_t ElementBits(cudaDataType_t t) { return t == CUDA_R_4F_E2M1 ? 4 : 8; }
+
+}  // namespace
+
+Status RunBlockScaledMatmul(const std::string& library_path, const BlockScaledMatmul& p, cudaStream_t stream) {
+  const CublasLtApi* api = nullptr;
+  GPUEXT_RETURN_IF_ERROR(LoadCublasLt(library_path, &api));
+  int device = 0;
+  GPUEXT_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+
+  Descriptors ds(api);
+  GPUEXT_RETURN_IF_ERROR(Describe(api, p, ds));
+
+  cublasLtHandle_t handle = nullptr;
+  Plan plan;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto& handles = Handles();
+    auto it = handles.find(device);
+    if (it == handles.end()) {
+      GPUEXT_CUBLAS_RETURN_IF_ERROR(api->Create(&handle));
+      handles[device] = handle;
+    } else {
+      handle = it->second;
+    }
+    Key key{device, p.m, p.n, p.k, static_cast<int>(p.lhs_type), static_cast<int>(p.rhs_type),
+            static_cast<int>(p.out_type), p.lhs_scale_mode, p.rhs_scale_mode, p.workspace_bytes};
+    auto pit = Plans().find(key);
+    if (pit == Plans().end()) {
+      GPUEXT_CUBLAS_RETURN_IF_ERROR(api->MatmulPreferenceCreate(&ds.pref));
+      const uint64_t ws = p.workspace_bytes;
+      GPUEXT_CUBLAS_RETURN_IF_ERROR(api->MatmulPreferenceSetAttribute(
+          ds.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+      // The heuristic needs the scale pointers' modes only, not their values: ask once.
+      cublasLtMatmulHeuristicResult_t result = {};
+      int found = 0;
+      GPUEXT_CUBLAS_RETURN_IF_ERROR(api->MatmulAlgoGetHeuristic(handle, ds.op, ds.a, ds.b, ds.d, ds.d, ds.pref, 1,
+                                                                &result, &found));
+      if (found == 0) {
+        return Status::Error("cuBLASLt has no algorithm for this block-scaled matmul (M=" + std::to_string(p.m) +
+                             " N=" + std::to_string(p.n) + " K=" + std::to_string(p.k) + ")");
+      }
+      pit = Plans().emplace(key, Plan{result.algo}).first;
+    }
+    plan = pit->second;
+  }
+
+  const size_t a_bytes = static_cast<size_t>(p.n) * p.k * ElementBits(p.rhs_type) / 8;
+  const size_t b_bytes = static_cast<size_t>(p.m) * p.k * ElementBits(p.lhs_type) / 8;
+  const size_t d_bytes = static_cast<size_t>(p.m) * p.n * (p.out_type == CUDA_R_32F ? 4 : 2);
+  // cuBLASLt has no batch stride for scale tensors, so batches run one matmul each.
+  for (int64_t i = 0; i < p.batch; ++i) {
+    const void* a_scale = static_cast<const char*>(p.rhs_scale) + i * p.rhs_scale_bytes;
+    const void* b_scale = static_cast<const char*>(p.lhs_scale) + i * p.lhs_scale_bytes;
+    GPUEXT_CUBLAS_RETURN_IF_ERROR(SetOp(api, ds.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, a_scale));
+    GPUEXT_CUBLAS_RETURN_IF_ERROR(SetOp(api, ds.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, b_scale));
+    const void* a = static_cast<const char*>(p.rhs) + i * a_bytes;
+    const void* b = static_cast<const char*>(p.lhs) + i * b_bytes;
+    void* d = static_cast<char*>(p.out) + i * d_bytes;
+    GPUEXT_CUBLAS_RETURN_IF_ERROR(api->Matmul(handle, ds.op, p.alpha_beta, a, ds.a, b, ds.b, p.alpha_beta + 1, d,
+                                              ds.d, d, ds.d, &plan.algo, p.workspace, p.workspace_bytes, stream));
+  }
+  return Status::Ok();
+}
+
+}  // namespace gpuext

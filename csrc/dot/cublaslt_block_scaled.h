@@ -1,0 +1,41 @@
+// Block-scaled (and per-tensor) FP8/FP4 matmul through cuBLASLt: raw pointers, sizes, a stream.
+//
+//   out[b, m, n] = alpha * sum_k lhs[b, m, k] * s_lhs(...) * rhs[b, n, k] * s_rhs(...)
+//
+// lhs (B, M, K) and rhs (B, N, K) row-major and K-contiguous; out (B, M, N) row-major. The scale
+// tensors are already in the layout cuBLASLt documents for the scale mode (the Python side
+// rearranges them). Packed FP4 holds two elements per byte, element 2i in the low nibble.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <library_types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "csrc/common/status.h"
+
+namespace gpuext {
+
+struct BlockScaledMatmul {
+  int64_t batch = 1, m = 0, n = 0, k = 0;
+  cudaDataType_t lhs_type = CUDA_R_8F_E4M3, rhs_type = CUDA_R_8F_E4M3, out_type = CUDA_R_16BF;
+  int lhs_scale_mode = 0, rhs_scale_mode = 0;  // cublasLtMatmulMatrixScale_t values
+  const void* lhs = nullptr;
+  const void* rhs = nullptr;
+  const void* lhs_scale = nullptr;  // batch * lhs_scale_bytes
+  const void* rhs_scale = nullptr;
+  size_t lhs_scale_bytes = 0, rhs_scale_bytes = 0;  // per batch
+  const float* alpha_beta = nullptr;  // device: {alpha, 0.0f}
+  void* out = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
+// Runs the matmul on `stream`. The first call for a (device, shape, types, modes) key asks
+// cuBLASLt's heuristic for an algorithm and caches it for the process, so later calls (and
+// replays of a CUDA graph recorded from them) launch the same kernels.
+Status RunBlockScaledMatmul(const std::string& library_path, const BlockScaledMatmul& p, cudaStream_t stream);
+
+}  // namespace gpuext

@@ -1,0 +1,52 @@
+// Block-scaled quantize / dequantize entry points: raw pointers, sizes, a stream, a Status.
+// The array is viewed as [outer, K, inner] with blocks of `block` along K (1-D formats) or as
+// [outer, M, N] with 128x128 tiles (FP8_128x128, `inner` == 1, K == M, `cols` == N).
+// `global_scale` holds `global_count` fp32 values, one per run of outer / global_count leading
+// rows (vmap batch dims come first). FP4 elements are one per byte (low nibble) unless
+// `fp4_packed`, then two per byte, element 2i in the low nibble (the one place that decides).
+#pragma once
+
+#include <cstdint>
+
+#include "csrc/common/status.h"
+#include "csrc/formats/block_scaled_math.h"
+
+namespace gpuext::formats {
+
+struct BlockScaledGeometry {
+  int32_t format = kMxfp8E4m3;
+  int64_t outer = 1, k = 1, inner = 1;  // 1-D formats
+  int64_t cols = 1;                     // FP8_128x128: N (then k is M and inner is 1)
+  int64_t block = 32;                   // 1-D block length
+  int64_t global_count = 1;
+  bool fp4_packed = false;
+
+  GPUEXT_HD bool two_d() const { return format == kFp8Blockwise128x128; }
+  GPUEXT_HD int64_t elements() const { return two_d() ? outer * k * cols : outer * k * inner; }
+  GPUEXT_HD int64_t blocks_along() const { return (k + (two_d() ? 128 : block) - 1) / (two_d() ? 128 : block); }
+  GPUEXT_HD int64_t block_cols() const { return (cols + 127) / 128; }
+};
+
+struct QuantizeArgs {
+  BlockScaledGeometry geo;
+  int32_t scale_rounding = kRoundUp;
+  FloatType in_type = FloatType::kF32;
+  const void* x = nullptr;
+  const float* global_scale = nullptr;
+  void* data = nullptr;   // element codes (uint8, or packed FP4)
+  void* scale = nullptr;  // uint8 codes or fp32
+};
+
+struct DequantizeArgs {
+  BlockScaledGeometry geo;
+  FloatType out_type = FloatType::kF32;
+  const void* data = nullptr;
+  const void* scale = nullptr;
+  const float* global_scale = nullptr;
+  void* y = nullptr;
+};
+
+Status QuantizeCpu(const QuantizeArgs& args);
+Status DequantizeCpu(const DequantizeArgs& args);
+
+}  // namespace gpuext::formats

@@ -1,0 +1,215 @@
+// CUDA quantize / dequantize, one pass: each input byte is read once (kept in registers between
+// the block amax and the element rounding) and each output byte written once.
+// Rules: block_scaled_math.h (the same code the CPU handler runs). FP4 packing: block_scaled_io.h.
+//
+// Kernels:
+//  - QuantizeRows1d: contiguous blocks (inner == 1, K % 8 == 0): a thread owns 8 consecutive
+//    elements, block/8 lanes of a warp share one block and reduce its amax with shuffles.
+//  - QuantizeStrided1d: any other 1-D layout: a thread owns one block column (adjacent threads
+//    take adjacent inner indices, so loads coalesce); it reads its block twice (second time L1/L2).
+//  - QuantizeTiles128: FP8_128x128: one 256-thread CTA per tile, 64 values per thread in registers.
+#include <cuda_runtime.h>
+
+#include "csrc/common/cuda_check.h"
+#include "csrc/formats/block_scaled_cuda.h"
+#include "csrc/formats/block_scaled_io.h"
+
+namespace gpuext::formats {
+namespace {
+
+constexpr int kChunk = 8;  // elements per thread in the row kernels
+
+__device__ __forceinline__ uint32_t GlobalBits(const BlockScaledGeometry& g, const float* gs, int64_t outer_index) {
+  return gs == nullptr ? kF32One : __float_as_uint(gs[outer_index / (g.outer / g.global_count)]);
+}
+
+__device__ __forceinline__ void LoadChunk(const void* x, FloatType t, int64_t i, uint32_t (&v)[kChunk]) {
+  if (t == FloatType::kF32) {
+    const uint4* p = reinterpret_cast<const uint4*>(static_cast<const uint32_t*>(x) + i);
+    const uint4 a = p[0], b = p[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  } else {
+    const uint4 a = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(x) + i);
+    const uint32_t w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      v[2 * j] = w[j] & 0xFFFFu;
+      v[2 * j + 1] = w[j] >> 16;
+    }
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j)
+      v[j] = t == FloatType::kBF16 ? v[j] << 16 : HalfToF32Bits(v[j]);
+  }
+}
+
+// Stores 8 element codes starting at element i (i % 8 == 0): 8 bytes, or 4 packed FP4 bytes.
+__device__ __forceinline__ void StoreChunk(void* data, bool fp4_packed, int64_t i, const uint32_t (&c)[kChunk]) {
+  if (fp4_packed) {
+    uint32_t w = 0;
+#pragma unroll
+    for (int j = 0; j < kChunk; j += 2) w |= Fp4PackPair(c[j], c[j + 1]) << (4 * j);
+    reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(data) + i / 2)[0] = w;
+  } else {
+    uint2 w{0, 0};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      w.x |= (c[j] & 0xFFu) << (8 * j);
+      w.y |= (c[j + 4] & 0xFFu) << (8 * j);
+    }
+    *reinterpret_cast<uint2*>(static_cast<uint8_t*>(data) + i) = w;
+  }
+}
+
+template <int kLanes>  // lanes per block = block / 8: 2 (NVFP4), 4 (MX), 16 (1x128)
+__global__ void QuantizeRows1d(QuantizeArgs a, int64_t chunks_per_row_padded, int64_t total_threads) {
+  const BlockScaledGeometry& g = a.geo;
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t row = t / chunks_per_row_padded, c = t % chunks_per_row_padded;
+  const bool active = t < total_threads && c * kChunk < g.k;
+  uint32_t v[kChunk] = {0, 0, 0, 0, 0, 0, 0, 0};
+  const int64_t first = row * g.k + c * kChunk;
+  uint32_t amax = 0;
+  if (active) {
+    LoadChunk(a.x, a.in_type, first, v);
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) amax = max(amax, v[j] & kF32AbsMask);
+  }
+#pragma unroll
+  for (int off = kLanes / 2; off > 0; off >>= 1) amax = max(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+  if (!active) return;
+  const BlockScale s = ComputeBlockScale(g.format, a.scale_rounding, amax, GlobalBits(g, a.global_scale, row));
+  const int64_t block_in_row = c / kLanes;
+  if (c % kLanes == 0) StoreScale(a.scale, g.format, row * g.blocks_along() + block_in_row, s.stored);
+  uint32_t codes[kChunk];
+#pragma unroll
+  for (int j = 0; j < kChunk; ++j) codes[j] = QuantizeElement(g.format, s, v[j]);
+  StoreChunk(a.data, g.fp4_packed, first, codes);
+}
+
+// Packed FP4 from the strided kernel: neighbouring threads share bytes, so OR nibbles into a
+// zeroed buffer atomically (the rare strided-NVFP4 case pays one memset).
+__device__ __forceinline__ void StoreCodeAtomic(void* data, bool fp4_packed, int64_t i, uint32_t code) {
+  if (!fp4_packed) {
+    static_cast<uint8_t*>(data)[i] = uint8_t(code);
+    return;
+  }
+  const int64_t byte = i >> 1;
+  const uint32_t shift = uint32_t((byte & 3) * 8 + (i & 1) * 4);
+  atomicOr(reinterpret_cast<unsigned int*>(static_cast<uint8_t*>(data) + (byte & ~int64_t(3))), (code & 0xFu) << shift);
+}
+
+__global__ void QuantizeStrided1d(QuantizeArgs a, int64_t columns) {
+  const BlockScaledGeometry& g = a.geo;
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= columns) return;
+  const int64_t i = t % g.inner, b = (t / g.inner) % g.blocks_along(), o = t / (g.inner * g.blocks_along());
+  const int64_t begin = b * g.block, end = min(g.k, begin + g.block);
+  uint32_t amax = 0;
+  for (int64_t kk = begin; kk < end; ++kk)
+    amax = max(amax, LoadInputBits(a.x, a.in_type, (o * g.k + kk) * g.inner + i) & kF32AbsMask);
+  const BlockScale s = ComputeBlockScale(g.format, a.scale_rounding, amax, GlobalBits(g, a.global_scale, o));
+  StoreScale(a.scale, g.format, t, s.stored);
+  for (int64_t kk = begin; kk < end; ++kk) {
+    const int64_t e = (o * g.k + kk) * g.inner + i;
+    StoreCodeAtomic(a.data, g.fp4_packed, e, QuantizeElement(g.format, s, LoadInputBits(a.x, a.in_type, e)));
+  }
+}
+
+constexpr int kTileThreads = 256;  // two threads per tile column, 64 rows each
+
+__global__ void QuantizeTiles128(QuantizeArgs a) {
+  const BlockScaledGeometry& g = a.geo;
+  const int64_t tile = blockIdx.x;
+  const int64_t bc = tile % g.block_cols(), br = (tile / g.block_cols()) % g.blocks_along();
+  const int64_t o = tile / (g.block_cols() * g.blocks_along());
+  const int col = threadIdx.x % 128, half = threadIdx.x / 128;  // two threads per column, 64 rows each
+  const int64_t c = bc * 128 + col;
+  uint32_t v[64];
+  uint32_t amax = 0;
+#pragma unroll
+  for (int j = 0; j < 64; ++j) {
+    const int64_t r = br * 128 + half * 64 + j;
+    v[j] = (c < g.cols && r < g.k) ? LoadInputBits(a.x, a.in_type, (o * g.k + r) * g.cols + c) : 0u;
+    amax = max(amax, v[j] & kF32AbsMask);
+  }
+  for (int off = 16; off > 0; off >>= 1) amax = max(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+  __shared__ uint32_t warp_amax[kTileThreads / 32];
+  if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = amax;
+  __syncthreads();
+  amax = 0;
+#pragma unroll
+  for (int w = 0; w < kTileThreads / 32; ++w) amax = max(amax, warp_amax[w]);
+  const BlockScale s = ComputeBlockScale(g.format, a.scale_rounding, amax, kF32One);
+  if (threadIdx.x == 0) StoreScale(a.scale, g.format, tile, s.stored);
+#pragma unroll
+  for (int j = 0; j < 64; ++j) {
+    const int64_t r = br * 128 + half * 64 + j;
+    if (c < g.cols && r < g.k)
+      static_cast<uint8_t*>(a.data)[(o * g.k + r) * g.cols + c] = uint8_t(QuantizeElement(g.format, s, v[j]));
+  }
+}
+
+__global__ void Dequantize(DequantizeArgs a) {
+  const BlockScaledGeometry& g = a.geo;
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= g.elements()) return;
+  const int64_t row_len = g.two_d() ? g.k * g.cols : g.k * g.inner;
+  const int64_t o = e / row_len, rest = e % row_len;
+  int64_t s;
+  if (g.two_d()) {
+    s = (o * g.blocks_along() + (rest / g.cols) / 128) * g.block_cols() + (rest % g.cols) / 128;
+  } else {
+    s = (o * g.blocks_along() + (rest / g.inner) / g.block) * g.inner + rest % g.inner;
+  }
+  const uint32_t bits = DequantizeElement(g.format, LoadElementCode(a.data, g.fp4_packed, e),
+                                          LoadScale(a.scale, g.format, s), GlobalBits(g, a.global_scale, o),
+                                          OutputFormat(a.out_type));
+  StoreOutput(a.y, a.out_type, e, bits);
+}
+
+int64_t Blocks(int64_t n, int threads) { return (n + threads - 1) / threads; }
+
+bool Aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+}  // namespace
+
+Status QuantizeCuda(cudaStream_t stream, const QuantizeArgs& a) {
+  const BlockScaledGeometry& g = a.geo;
+  if (g.elements() == 0) return Status::Ok();
+  constexpr int kThreads = 256;
+  if (g.two_d()) {
+    const int64_t tiles = g.outer * g.blocks_along() * g.block_cols();
+    QuantizeTiles128<<<unsigned(tiles), kTileThreads, 0, stream>>>(a);
+    GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("QuantizeTiles128");
+    return Status::Ok();
+  }
+  const bool vector_ok = g.inner == 1 && g.k % kChunk == 0 && Aligned(a.x, 16) && Aligned(a.data, 8);
+  if (vector_ok) {
+    const int lanes = int(g.block / kChunk);
+    const int64_t chunks = (g.k / kChunk + lanes - 1) / lanes * lanes;
+    const int64_t total = g.outer * chunks;
+    const unsigned grid = unsigned(Blocks(total, kThreads));
+    switch (lanes) {
+      case 2: QuantizeRows1d<2><<<grid, kThreads, 0, stream>>>(a, chunks, total); break;
+      case 4: QuantizeRows1d<4><<<grid, kThreads, 0, stream>>>(a, chunks, total); break;
+      default: QuantizeRows1d<16><<<grid, kThreads, 0, stream>>>(a, chunks, total); break;
+    }
+    GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("QuantizeRows1d");
+    return Status::Ok();
+  }
+  if (g.fp4_packed) GPUEXT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(a.data, 0, size_t((g.elements() + 1) / 2), stream));
+  const int64_t columns = g.outer * g.blocks_along() * g.inner;
+  QuantizeStrided1d<<<unsigned(Blocks(columns, kThreads)), kThreads, 0, stream>>>(a, columns);
+  GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("QuantizeStrided1d");
+  return Status::Ok();
+}
+
+Status DequantizeCuda(cudaStream_t stream, const DequantizeArgs& a) {
+  const int64_t n = a.geo.elements();
+  if (n == 0) return Status::Ok();
+  Dequantize<<<unsigned(Blocks(n, 256)), 256, 0, stream>>>(a);
+  GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("Dequantize");
+  return Status::Ok();
+}
+
+}  // namespace gpuext::formats

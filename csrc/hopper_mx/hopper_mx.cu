@@ -1,0 +1,121 @@
+// Host side of the hopper_mx kernel: tensor maps, instantiation table, launch. Compiled only
+// for sm_90a (CMake puts this file in its own object library with CUDA_ARCHITECTURES 90a-real);
+// the kernel body is additionally guarded by __CUDA_ARCH_FEAT_SM90_ALL in hopper_mx_kernel.cuh.
+#include <cuda.h>
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+#include <cuda_runtime_api.h>
+
+#include <mutex>
+#include <string>
+
+#include "csrc/common/cuda_check.h"
+#include "csrc/hopper_mx/hopper_mx.h"
+#include "csrc/hopper_mx/hopper_mx_kernel.cuh"
+
+namespace gpuext::hopper_mx {
+namespace {
+
+// cuTensorMapEncodeTiled is a driver API function; we link only the static runtime, so fetch
+// it through the runtime's entry-point query (once: the pointer is process-wide).
+Status TensorMapEncoder(PFN_cuTensorMapEncodeTiled_v12000* out) {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  static cudaError_t err = cudaSuccess;
+  static cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSuccess;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* p = nullptr;
+    err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                           &found);
+    fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  });
+  GPUEXT_CUDA_RETURN_IF_ERROR(err);
+  if (found != cudaDriverEntryPointSuccess || fn == nullptr)
+    return Status::Error("the CUDA driver has no cuTensorMapEncodeTiled (needs a CUDA 12+ driver)");
+  *out = fn;
+  return Status::Ok();
+}
+
+// 3-D map over a row-major [d2, d1, d0] array (d0 contiguous) with box [1, box1, box0].
+Status Encode3d(CUtensorMap* map, CUtensorMapDataType type, int elem_bytes, const void* ptr,
+                int64_t d0, int64_t d1, int64_t d2, int box0, int box1, CUtensorMapSwizzle swizzle) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  GPUEXT_RETURN_IF_ERROR(TensorMapEncoder(&encode));
+  const cuuint64_t dims[3] = {cuuint64_t(d0), cuuint64_t(d1), cuuint64_t(d2)};
+  const cuuint64_t strides[2] = {cuuint64_t(d0 * elem_bytes), cuuint64_t(d0 * d1 * elem_bytes)};
+  const cuuint32_t box[3] = {cuuint32_t(box0), cuuint32_t(box1), 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  // OOB_FILL_NONE fills out-of-bounds elements with zeros (NAN_REQUEST_ZERO_FMA would give NaN).
+  CUresult r = encode(map, type, 3, const_cast<void*>(ptr), dims, strides, box, elem_strides,
+                      CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return Status::Error("cuTensorMapEncodeTiled failed with CUresult " + std::to_string(int(r)) +
+                         " (dims " + std::to_string(d0) + "x" + std::to_string(d1) + "x" +
+                         std::to_string(d2) + ", box " + std::to_string(box0) + "x" +
+                         std::to_string(box1) + ")");
+  return Status::Ok();
+}
+
+template <int kConsumers, int kBlockN, int kStages, Fp8 kA, Fp8 kB>
+Status LaunchConfig(const Problem& p, cudaStream_t stream) {
+  using L = SmemLayout<kConsumers, kBlockN, kStages>;
+  constexpr int kBlockM = L::kBlockM;
+  const int64_t k_blocks = p.k / kScaleBlock;
+  CUtensorMap map_a, map_b, map_sa, map_sb;
+  GPUEXT_RETURN_IF_ERROR(Encode3d(&map_a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p.a, p.k, p.m, p.batch,
+                                  kBlockK, kBlockM, CU_TENSOR_MAP_SWIZZLE_128B));
+  GPUEXT_RETURN_IF_ERROR(Encode3d(&map_b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p.b, p.k, p.n, p.batch,
+                                  kBlockK, kBlockN, CU_TENSOR_MAP_SWIZZLE_128B));
+  GPUEXT_RETURN_IF_ERROR(Encode3d(&map_sa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, p.a_scale,
+                                  PaddedScaleDim(p.m), k_blocks, p.batch, kBlockM, kScalesPerTile,
+                                  CU_TENSOR_MAP_SWIZZLE_NONE));
+  GPUEXT_RETURN_IF_ERROR(Encode3d(&map_sb, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, p.b_scale,
+                                  PaddedScaleDim(p.n), k_blocks, p.batch, kBlockN, kScalesPerTile,
+                                  CU_TENSOR_MAP_SWIZZLE_NONE));
+
+  auto kernel = HopperMxKernel<kConsumers, kBlockN, kStages, kA, kB>;
+  // Above 48 KB a kernel must opt in to dynamic shared memory (per function, per device;
+  // not a stream operation, so it is also legal while XLA captures a command buffer).
+  GPUEXT_CUDA_RETURN_IF_ERROR(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes));
+
+  KernelArgs args;
+  args.out = p.out;
+  args.m = static_cast<int>(p.m);
+  args.n = static_cast<int>(p.n);
+  args.k_blocks = static_cast<int>(k_blocks);
+  args.out_type = static_cast<int>(p.out_type);
+  args.out_batch_stride = p.m * p.n;
+  const int64_t tiles = ((p.m + kBlockM - 1) / kBlockM) * ((p.n + kBlockN - 1) / kBlockN);
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.batch));
+  kernel<<<grid, 128 * (kConsumers + 1), L::kBytes, stream>>>(map_a, map_b, map_sa, map_sb, args);
+  GPUEXT_CUDA_RETURN_IF_ERROR(cudaGetLastError());  // launch-configuration errors
+  return Status::Ok();
+}
+
+template <Fp8 kA, Fp8 kB>
+Status LaunchTyped(const Problem& p, TileConfig config, cudaStream_t stream) {
+  // Stage counts fill most of the 227 KB: (16+16+2+2) KB x 5, (8+16+1+2) KB x 7, (16+8+2+1) KB x 6.
+  switch (config) {
+    case TileConfig::kM128N128: return LaunchConfig<2, 128, 5, kA, kB>(p, stream);
+    case TileConfig::kM64N128: return LaunchConfig<1, 128, 7, kA, kB>(p, stream);
+    case TileConfig::kM128N64: return LaunchConfig<2, 64, 6, kA, kB>(p, stream);
+  }
+  return Status::Error("unknown tile config " + std::to_string(static_cast<int>(config)));
+}
+
+}  // namespace
+
+bool Available() { return true; }
+
+Status Launch(const Problem& p, TileConfig config, cudaStream_t stream) {
+  GPUEXT_RETURN_IF_ERROR(Validate(p));
+  if (p.batch == 0 || p.m == 0 || p.n == 0) return Status::Ok();
+  const bool a4 = p.a_type == ElemType::kE4M3, b4 = p.b_type == ElemType::kE4M3;
+  if (a4 && b4) return LaunchTyped<Fp8::kE4M3, Fp8::kE4M3>(p, config, stream);
+  if (a4) return LaunchTyped<Fp8::kE4M3, Fp8::kE5M2>(p, config, stream);
+  if (b4) return LaunchTyped<Fp8::kE5M2, Fp8::kE4M3>(p, config, stream);
+  return LaunchTyped<Fp8::kE5M2, Fp8::kE5M2>(p, config, stream);
+}
+
+}  // namespace gpuext::hopper_mx

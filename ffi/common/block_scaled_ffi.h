@@ -1,0 +1,91 @@
+// Decoding shared by the CPU and CUDA handlers of gpuext_quantize / gpuext_dequantize:
+// attributes and buffer shapes -> csrc/formats argument structs, with named errors.
+#pragma once
+
+#include <string>
+
+#include "csrc/formats/block_scaled.h"
+#include "ffi/common/ffi_util.h"
+
+// ffi.h 0.8.0 has ErrorOr but no assign-or-return macro.
+#define GPUEXT_FFI_ASSIGN_OR_RETURN(lhs, expr)              \
+  do {                                                      \
+    auto gpuext_or_ = (expr);                               \
+    if (gpuext_or_.has_error()) return std::move(gpuext_or_).error(); \
+    lhs = std::move(gpuext_or_).value();                    \
+  } while (0)
+
+namespace gpuext::formats {
+
+inline ffi::ErrorOr<FloatType> FloatTypeOf(ffi::DataType t, const char* what) {
+  switch (t) {
+    case ffi::DataType::F32: return FloatType::kF32;
+    case ffi::DataType::BF16: return FloatType::kBF16;
+    case ffi::DataType::F16: return FloatType::kF16;
+    default:
+      return ffi::Unexpected<ffi::Error>(ffi::Error(
+          ffi::ErrorCode::kInvalidArgument,
+          std::string(what) + " must be float32, bfloat16 or float16, got " + DataTypeName(t)));
+  }
+}
+
+inline ffi::DataType ElementTypeOf(int32_t format) {
+  return format == kMxfp8E5m2 ? ffi::DataType::F8E5M2
+                              : (format == kNvfp4 ? ffi::DataType::F4E2M1FN : ffi::DataType::F8E4M3FN);
+}
+
+inline ffi::DataType ScaleTypeOf(int32_t format) {
+  if (IsMx(format)) return ffi::DataType::F8E8M0FNU;
+  return format == kNvfp4 ? ffi::DataType::F8E4M3FN : ffi::DataType::F32;
+}
+
+// Geometry of `dims` quantized along `axis` (negative) in `format`; checks the element buffer
+// (dtype, and FP4 packing from its byte size), the scale buffer and the global scale.
+inline ffi::ErrorOr<BlockScaledGeometry> GeometryOf(int32_t format, int64_t axis, ffi::Span<const int64_t> dims,
+                                                    const ffi::AnyBuffer& data, const ffi::AnyBuffer& scale,
+                                                    const ffi::AnyBuffer& global_scale, bool fp4_packed) {
+  auto fail = [](std::string m) {
+    return ffi::Unexpected<ffi::Error>(ffi::Error(ffi::ErrorCode::kInvalidArgument, std::move(m)));
+  };
+  if (format < kMxfp8E4m3 || format > kFp8Blockwise128x128) return fail("unknown format " + std::to_string(format));
+  BlockScaledGeometry g;
+  g.format = format;
+  const int64_t rank = int64_t(dims.size());
+  if (axis >= 0 || axis < -rank) return fail("axis " + std::to_string(axis) + " must be negative and within rank");
+  const int64_t ax = rank + axis;
+  int64_t outer = 1;
+  if (g.two_d()) {
+    if (rank < 2 || axis != -1) return fail("FP8_128x128 needs rank >= 2 and axis -1");
+    for (int64_t d = 0; d < rank - 2; ++d) outer *= dims[d];
+    g.k = dims[rank - 2];
+    g.cols = dims[rank - 1];
+  } else {
+    for (int64_t d = 0; d < ax; ++d) outer *= dims[d];
+    g.k = dims[ax];
+    g.inner = 1;
+    for (int64_t d = ax + 1; d < rank; ++d) g.inner *= dims[d];
+    g.block = format == kNvfp4 ? 16 : (format == kFp8Blockwise1x128 ? 128 : 32);
+  }
+  g.outer = outer;
+  if (data.element_type() != ElementTypeOf(format))
+    return fail(std::string("element buffer has dtype ") + DataTypeName(data.element_type()) + ", expected " +
+                DataTypeName(ElementTypeOf(format)));
+  if (scale.element_type() != ScaleTypeOf(format))
+    return fail(std::string("scale buffer has dtype ") + DataTypeName(scale.element_type()) + ", expected " +
+                DataTypeName(ScaleTypeOf(format)));
+  // FFI buffers do not say how XLA laid out sub-byte types (size_bytes() is ByteWidth * count),
+  // so Python passes the platform's layout (jax_gpuext/formats.py FP4_PACKED).
+  g.fp4_packed = format == kNvfp4 && fp4_packed;
+  const int64_t blocks = g.two_d() ? outer * g.blocks_along() * g.block_cols() : outer * g.blocks_along() * g.inner;
+  if (ElementCount(scale.dimensions()) != blocks)
+    return fail("scale buffer has " + std::to_string(ElementCount(scale.dimensions())) + " entries, expected " +
+                std::to_string(blocks));
+  if (global_scale.element_type() != ffi::DataType::F32) return fail("global scale must be float32");
+  g.global_count = ElementCount(global_scale.dimensions());
+  if (g.global_count <= 0 || outer % g.global_count != 0)
+    return fail("global scale of " + std::to_string(g.global_count) + " values does not divide " +
+                std::to_string(outer) + " leading rows");
+  return g;
+}
+
+}  // namespace gpuext::formats

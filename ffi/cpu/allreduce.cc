@@ -1,0 +1,68 @@
+// CPU all-reduce: the one-shot / two-shot protocols between XLA's host devices
+// (csrc/allreduce/cpu_protocol.h). XLA's CPU runtime runs each device's computation on its
+// own thread, so the calls of one group meet in the process-local heap.
+#include <cstdint>
+
+#include "csrc/allreduce/cpu_protocol.h"
+#include "ffi/common/allreduce_attrs.h"
+#include "ffi/common/ffi_util.h"
+#include "ffi/common/registry.h"
+
+namespace gpuext {
+namespace {
+
+using allreduce::Algorithm;
+using allreduce::ReduceOp;
+
+// rank / color: int32 operands (lax.axis_index inside shard_map/pmap), because they differ
+// per device while attributes are the same for every device of the SPMD program. Under
+// vmap they arrive broadcast to the batch shape: every element holds the same value.
+ffi::Error AllReduceCpuImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> color,
+                            ffi::Result<ffi::AnyBuffer> out, int32_t op, int32_t algorithm,
+                            int64_t group_size, int64_t site, int64_t workspace_bytes, float timeout_s) {
+  if (ffi::Error e = allreduce::CheckCommon(x, out, op); e.failure()) return e;
+  GPUEXT_FFI_CHECK(rank.element_count() >= 1 && color.element_count() >= 1, "rank and color need a value");
+  GPUEXT_FFI_CHECK(algorithm == static_cast<int32_t>(Algorithm::kOneShot) ||
+                       algorithm == static_cast<int32_t>(Algorithm::kTwoShot),
+                   "the CPU handler runs algorithm 1 (one_shot) or 2 (two_shot)");
+  GPUEXT_FFI_CHECK(group_size >= 1 && group_size <= 4096, "group_size must be in [1, 4096]");
+  GPUEXT_FFI_CHECK(timeout_s > 0, "timeout_s must be positive");
+
+  allreduce::CpuAllReduceArgs args;
+  args.in = x.untyped_data();
+  args.out = out->untyped_data();
+  args.count = static_cast<int64_t>(x.element_count());
+  args.dtype = *allreduce::ToDType(x.element_type());
+  args.op = static_cast<ReduceOp>(op);
+  args.algorithm = static_cast<Algorithm>(algorithm);
+  args.rank = rank.typed_data()[0];
+  args.group_size = static_cast<int>(group_size);
+  args.site = site;
+  args.color = color.typed_data()[0];
+  args.workspace_bytes = workspace_bytes;
+  args.timeout_s = timeout_s;
+  GPUEXT_FFI_CHECK(allreduce::ChunkElements(args.algorithm, args.group_size, workspace_bytes,
+                                            allreduce::ByteWidth(args.dtype)) > 0,
+                   "workspace_bytes " + std::to_string(workspace_bytes) + " cannot hold one element per rank");
+  GPUEXT_FFI_RETURN_IF_ERROR(allreduce::CpuAllReduce(args));
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AllReduceCpuFfi, AllReduceCpuImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int32_t>("op")
+                                  .Attr<int32_t>("algorithm")
+                                  .Attr<int64_t>("group_size")
+                                  .Attr<int64_t>("site")
+                                  .Attr<int64_t>("workspace_bytes")
+                                  .Attr<float>("timeout_s"));
+
+GPUEXT_REGISTER_FFI_TARGET("gpuext_all_reduce", AllReduceCpuFfi);
+
+}  // namespace gpuext

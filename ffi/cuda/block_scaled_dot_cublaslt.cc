@@ -1,0 +1,111 @@
+// CUDA handler of gpuext_block_scaled_dot_cublaslt (jax_gpuext/dot_cublaslt.py).
+//
+// Operands: lhs (B, M, K | K/2 packed FP4), lhs scales, rhs (B, N, ...), rhs scales, and
+// alpha_beta = {gs_l * gs_r, 0} (float32, device). Results: out (B, M, N) and a workspace
+// sized at trace time. Attributes: k (logical), lhs/rhs_type (0 E4M3, 1 E5M2, 2 packed E2M1),
+// lhs/rhs_scale_mode (cublasLtMatmulMatrixScale_t), library (path of libcublasLt).
+//
+// kCmdBufferCompatible (REFERENCE section 2): the algorithm is chosen on the first call for a
+// shape and cached for the process, so every call launches the same cuBLASLt kernels on the
+// given stream; memory is only the buffers passed (workspace included); alpha/beta are read
+// from device memory; nothing synchronises or queries the stream. Host work (descriptors, the
+// one-time heuristic and handle creation) happens at record time only.
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "csrc/dot/cublaslt_block_scaled.h"
+#include "ffi/common/ffi_util.h"
+#include "ffi/common/nvtx.h"
+#include "ffi/common/registry.h"
+
+namespace gpuext {
+namespace {
+
+// 0 E4M3, 1 E5M2, 2 packed E2M1 (jax_gpuext/dot_cublaslt.py _element_code).
+bool ElementType(int32_t code, cudaDataType_t* out) {
+  switch (code) {
+    case 0: *out = CUDA_R_8F_E4M3; return true;
+    case 1: *out = CUDA_R_8F_E5M2; return true;
+    case 2: *out = CUDA_R_4F_E2M1; return true;
+    default: return false;
+  }
+}
+
+ffi::Error BlockScaledDotCublasLtImpl(cudaStream_t stream, ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale,
+                                      ffi::AnyBuffer rhs, ffi::AnyBuffer rhs_scale,
+                                      ffi::Buffer<ffi::F32> alpha_beta, ffi::Result<ffi::AnyBuffer> out,
+                                      ffi::Result<ffi::AnyBuffer> workspace, int64_t k, int32_t lhs_type,
+                                      int32_t rhs_type, int32_t lhs_scale_mode, int32_t rhs_scale_mode,
+                                      std::string_view library) {
+  NvtxRange range("gpuext_block_scaled_dot_cublaslt");
+  auto ld = lhs.dimensions(), rd = rhs.dimensions(), od = out->dimensions();
+  GPUEXT_FFI_CHECK(ld.size() == 3 && rd.size() == 3 && od.size() == 3,
+                   "lhs, rhs and out must be (B, rows, K) / (B, M, N)");
+  GPUEXT_FFI_CHECK(ld[0] == rd[0] && od[0] == ld[0] && od[1] == ld[1] && od[2] == rd[1],
+                   "batch / M / N sizes of lhs, rhs and out disagree");
+  GPUEXT_FFI_CHECK(alpha_beta.element_count() == 2, "alpha_beta must hold {alpha, 0}");
+  cudaDataType_t lt, rt;
+  GPUEXT_FFI_CHECK(ElementType(lhs_type, &lt), "lhs_type must be 0 (E4M3), 1 (E5M2) or 2 (E2M1), got " +
+                                                   std::to_string(lhs_type));
+  GPUEXT_FFI_CHECK(ElementType(rhs_type, &rt), "rhs_type must be 0 (E4M3), 1 (E5M2) or 2 (E2M1), got " +
+                                                   std::to_string(rhs_type));
+  GPUEXT_FFI_CHECK(ld[2] == (lt == CUDA_R_4F_E2M1 ? k / 2 : k) && rd[2] == (rt == CUDA_R_4F_E2M1 ? k / 2 : k),
+                   "K of lhs/rhs does not match attribute k=" + std::to_string(k));
+
+  BlockScaledMatmul p;
+  switch (out->element_type()) {
+    case ffi::DataType::BF16: p.out_type = CUDA_R_16BF; break;
+    case ffi::DataType::F16: p.out_type = CUDA_R_16F; break;
+    case ffi::DataType::F32: p.out_type = CUDA_R_32F; break;
+    default:
+      return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                        std::string("out must be bfloat16, float16 or float32, got ") +
+                            DataTypeName(out->element_type()));
+  }
+  p.batch = ld[0];
+  p.m = ld[1];
+  p.n = rd[1];
+  p.k = k;
+  p.lhs_type = lt;
+  p.rhs_type = rt;
+  p.lhs_scale_mode = lhs_scale_mode;
+  p.rhs_scale_mode = rhs_scale_mode;
+  p.lhs = lhs.untyped_data();
+  p.rhs = rhs.untyped_data();
+  p.lhs_scale = lhs_scale.untyped_data();
+  p.rhs_scale = rhs_scale.untyped_data();
+  p.lhs_scale_bytes = lhs_scale.size_bytes() / p.batch;
+  p.rhs_scale_bytes = rhs_scale.size_bytes() / p.batch;
+  p.alpha_beta = alpha_beta.typed_data();
+  p.out = out->untyped_data();
+  p.workspace = workspace->untyped_data();
+  p.workspace_bytes = workspace->size_bytes();
+  if (p.batch == 0 || p.m == 0 || p.n == 0) return ffi::Error::Success();
+  GPUEXT_FFI_RETURN_IF_ERROR(RunBlockScaledMatmul(std::string(library), p, stream));
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BlockScaledDotCublasLtFfi, BlockScaledDotCublasLtImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("k")
+                                  .Attr<int32_t>("lhs_type")
+                                  .Attr<int32_t>("rhs_type")
+                                  .Attr<int32_t>("lhs_scale_mode")
+                                  .Attr<int32_t>("rhs_scale_mode")
+                                  .Attr<std::string_view>("library"),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+GPUEXT_REGISTER_FFI_TARGET("gpuext_block_scaled_dot_cublaslt", BlockScaledDotCublasLtFfi);
+
+}  // namespace gpuext

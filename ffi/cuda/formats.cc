@@ -1,0 +1,75 @@
+// CUDA handlers gpuext_quantize / gpuext_dequantize: decode, validate, launch csrc/formats kernels.
+// Command-buffer compatible: the same launches every time, no allocation, no host state.
+#include <cuda_runtime_api.h>
+
+#include "csrc/formats/block_scaled_cuda.h"
+#include "ffi/common/block_scaled_ffi.h"
+#include "ffi/common/ffi_util.h"
+#include "ffi/common/nvtx.h"
+#include "ffi/common/registry.h"
+
+namespace gpuext::formats {
+namespace {
+
+ffi::Error QuantizeImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer global_scale, ffi::Result<ffi::AnyBuffer> data,
+                        ffi::Result<ffi::AnyBuffer> scale, int32_t format, int64_t axis, int32_t scale_rounding,
+                        int32_t fp4_packed) {
+  NvtxRange range("gpuext_quantize");
+  QuantizeArgs a;
+  GPUEXT_FFI_ASSIGN_OR_RETURN(a.in_type, FloatTypeOf(x.element_type(), "x"));
+  GPUEXT_FFI_ASSIGN_OR_RETURN(a.geo, GeometryOf(format, axis, x.dimensions(), *data, *scale, global_scale, fp4_packed));
+  GPUEXT_FFI_CHECK(scale_rounding == kRoundUp || (scale_rounding == kRoundOcp && IsMx(format)),
+                   "scale_rounding " + std::to_string(scale_rounding) + " is not valid for format " +
+                       std::to_string(format));
+  a.scale_rounding = scale_rounding;
+  a.x = x.untyped_data();
+  a.global_scale = static_cast<const float*>(global_scale.untyped_data());
+  a.data = data->untyped_data();
+  a.scale = scale->untyped_data();
+  GPUEXT_FFI_RETURN_IF_ERROR(QuantizeCuda(stream, a));
+  return ffi::Error::Success();
+}
+
+ffi::Error DequantizeImpl(cudaStream_t stream, ffi::AnyBuffer data, ffi::AnyBuffer scale, ffi::AnyBuffer global_scale,
+                          ffi::Result<ffi::AnyBuffer> y, int32_t format, int64_t axis, int32_t fp4_packed) {
+  NvtxRange range("gpuext_dequantize");
+  DequantizeArgs a;
+  GPUEXT_FFI_ASSIGN_OR_RETURN(a.out_type, FloatTypeOf(y->element_type(), "output"));
+  GPUEXT_FFI_ASSIGN_OR_RETURN(a.geo, GeometryOf(format, axis, y->dimensions(), data, scale, global_scale, fp4_packed));
+  a.data = data.untyped_data();
+  a.scale = scale.untyped_data();
+  a.global_scale = static_cast<const float*>(global_scale.untyped_data());
+  a.y = y->untyped_data();
+  GPUEXT_FFI_RETURN_IF_ERROR(DequantizeCuda(stream, a));
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace gpuext::formats
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GpuextQuantizeCuda, gpuext::formats::QuantizeImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Attr<int32_t>("format")
+                                  .Attr<int64_t>("axis")
+                                  .Attr<int32_t>("scale_rounding")
+                                  .Attr<int32_t>("fp4_packed"),
+                              {xla::ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GpuextDequantizeCuda, gpuext::formats::DequantizeImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Attr<int32_t>("format")
+                                  .Attr<int64_t>("axis")
+                                  .Attr<int32_t>("fp4_packed"),
+                              {xla::ffi::Traits::kCmdBufferCompatible});
+
+GPUEXT_REGISTER_FFI_TARGET("gpuext_quantize", GpuextQuantizeCuda);
+GPUEXT_REGISTER_FFI_TARGET("gpuext_dequantize", GpuextDequantizeCuda);

@@ -1,0 +1,43 @@
+// CUDA handler of gpuext_place (jax_gpuext.place): copies the operand into the result
+// buffer, which XLA allocated in the memory space named by results_memory_spaces.
+//
+// kCmdBufferCompatible (REFERENCE section 2): the handler issues one cudaMemcpyAsync whose
+// size depends only on the (static) shape, on the given stream, touches only its two
+// buffers, never allocates, synchronises or queries the stream, and keeps no host state.
+// The operand is not aliased to the result (docs/design.md), so dst != src on every call
+// and the recorded graph always holds the same memcpy node.
+#include <cuda_runtime_api.h>
+
+#include "csrc/memory/place_cuda.h"
+#include "ffi/common/ffi_util.h"
+#include "ffi/common/nvtx.h"
+#include "ffi/common/registry.h"
+
+namespace gpuext {
+namespace {
+
+ffi::Error PlaceCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out) {
+  NvtxRange range("gpuext_place");
+  GPUEXT_FFI_CHECK(x.element_type() == out->element_type(),
+                   std::string("operand is ") + DataTypeName(x.element_type()) + ", result is " +
+                       DataTypeName(out->element_type()));
+  GPUEXT_FFI_CHECK(x.size_bytes() == out->size_bytes(),
+                   "operand has " + std::to_string(x.size_bytes()) + " bytes, result " +
+                       std::to_string(out->size_bytes()));
+  GPUEXT_FFI_RETURN_IF_ERROR(
+      PlaceCopyDevice(out->untyped_data(), x.untyped_data(), x.size_bytes(), stream));
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PlaceCudaFfi, PlaceCudaImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>(),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+GPUEXT_REGISTER_FFI_TARGET("gpuext_place", PlaceCudaFfi);
+
+}  // namespace gpuext

@@ -1,0 +1,450 @@
+"""Block-scaled dot: ``block_scaled_dot`` on quantized operands and ``scaled_dot_general``,
+a differentiable drop-in for ``jax.lax.dot_general`` that quantizes inside.
+
+Math (the ``reference`` backend is its definition; every other backend is tested against it):
+
+    out[..., m, n] = cast(gs_l * gs_r * sum_k lhs[m, k] * s_l[m, k // b] * rhs[n, k] * s_r[n, k // b])
+
+accumulated in float32, with the 2-D block index (m // 128, k // 128) for FP8_128x128 operands.
+
+Backends of op ``block_scaled_dot``, in preference order (``jax_gpuext.explain`` shows which ran):
+
+- ``cudnn``: Blackwell MXFP8 / NVFP4 through a cuDNN graph (``dot_cudnn.py``).
+- ``cublaslt``: Hopper FP8 1x128 x 128x128 (and 1x128 x 1x128) and Blackwell MXFP8 / NVFP4
+  (``dot_cublaslt.py``).
+- ``hopper_mx``: our own sm_90a kernel, MXFP8 and NVFP4 on Hopper's FP8 tensor cores
+  (``hopper_mx.py``, ``csrc/hopper_mx/``).
+- ``reference``: dequantize + ``lax.dot_general`` in float32; every platform.
+
+Canonical form. GPU backends see ``lhs (B, M, K)`` and ``rhs (B, N, K)``, both contiguous in K
+("TN", the only FP8 layout cuBLASLt supports), built here by transposing and collapsing the
+batch / free dimensions of the ``dot_general`` dimension numbers. The reference backend works on
+the original layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jax_gpuext import backends, formats
+from jax_gpuext.gates import GateResult
+
+OP = "block_scaled_dot"
+_OUT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+# --------------------------------------------------------------------------- format facts
+@dataclasses.dataclass(frozen=True)
+class FormatInfo:
+    """What this module needs to know of a ``formats.BlockFormat``."""
+
+    name: str
+    family: str  # "mx", "nvfp4", "fp8_block": operands of one dot must share a family
+    element_dtype: Any
+    scale_dtype: Any
+    block: int  # block length along the contracting axis
+    two_d: bool  # FP8_128x128: 128x128 blocks over the last two axes
+
+
+def format_info(fmt) -> FormatInfo:
+    """Family, dtypes and block of ``fmt`` (a ``formats.BlockFormat`` or its name)."""
+    if isinstance(fmt, str) and fmt in formats.FORMATS:
+        fmt = formats.FORMATS[fmt]
+    if not isinstance(fmt, formats.BlockFormat):
+        raise TypeError(f"expected a jax_gpuext.BlockFormat (one of {sorted(formats.FORMATS)}), got {fmt!r}")
+    family = "mx" if fmt.is_mx else ("nvfp4" if fmt.has_global_scale else "fp8_block")
+    return FormatInfo(fmt.name, family, jnp.dtype(fmt.elem_dtype), jnp.dtype(fmt.scale_dtype), fmt.block[-1],
+                      len(fmt.block) == 2)
+
+
+def _is_bsa(x) -> bool:
+    return isinstance(x, formats.BlockScaledArray)
+
+
+def _norm_axis(axis: int, ndim: int) -> int:
+    return axis % ndim
+
+
+# --------------------------------------------------------------------------- dimension numbers
+@dataclasses.dataclass(frozen=True)
+class DotProblem:
+    """A validated block-scaled dot, handed to backends' ``supports``."""
+
+    lhs_shape: tuple[int, ...]
+    rhs_shape: tuple[int, ...]
+    lhs_format: FormatInfo
+    rhs_format: FormatInfo
+    lhs_contract: int
+    rhs_contract: int
+    lhs_batch: tuple[int, ...]
+    rhs_batch: tuple[int, ...]
+    out_dtype: Any
+    has_global_scale: bool
+
+    @property
+    def lhs_free(self) -> tuple[int, ...]:
+        return tuple(d for d in range(len(self.lhs_shape)) if d != self.lhs_contract and d not in self.lhs_batch)
+
+    @property
+    def rhs_free(self) -> tuple[int, ...]:
+        return tuple(d for d in range(len(self.rhs_shape)) if d != self.rhs_contract and d not in self.rhs_batch)
+
+    @property
+    def bmnk(self) -> tuple[int, int, int, int]:
+        b = math.prod(self.lhs_shape[d] for d in self.lhs_batch)
+        m = math.prod(self.lhs_shape[d] for d in self.lhs_free)
+        n = math.prod(self.rhs_shape[d] for d in self.rhs_free)
+        return b, m, n, self.lhs_shape[self.lhs_contract]
+
+    def describe(self) -> str:
+        b, m, n, k = self.bmnk
+        return (f"{self.lhs_format.name} x {self.rhs_format.name}, B={b} M={m} N={n} K={k}, "
+                f"out {jnp.dtype(self.out_dtype).name}")
+
+
+def _parse_dimension_numbers(dimension_numbers, lhs_ndim, rhs_ndim, what):
+    try:
+        (lc, rc), (lb, rb) = dimension_numbers
+        lc, rc, lb, rb = (tuple(int(d) for d in x) for x in (lc, rc, lb, rb))
+    except (TypeError, ValueError):
+        raise TypeError(f"{what}: dimension_numbers must be ((lhs_contracting, rhs_contracting), "
+                        f"(lhs_batch, rhs_batch)) as for jax.lax.dot_general, got {dimension_numbers!r}") from None
+    for name, dims, nd in (("lhs", lc + lb, lhs_ndim), ("rhs", rc + rb, rhs_ndim)):
+        if any(not -nd <= d < nd for d in dims):
+            raise ValueError(f"{what}: {name} dimension out of range for rank {nd}: {dimension_numbers!r}")
+    lc, lb = tuple(d % lhs_ndim for d in lc), tuple(d % lhs_ndim for d in lb)
+    rc, rb = tuple(d % rhs_ndim for d in rc), tuple(d % rhs_ndim for d in rb)
+    if len(set(lc + lb)) != len(lc + lb) or len(set(rc + rb)) != len(rc + rb):
+        raise ValueError(f"{what}: a dimension appears twice in dimension_numbers {dimension_numbers!r}")
+    if len(lb) != len(rb) or len(lc) != len(rc):
+        raise ValueError(f"{what}: lhs and rhs must name as many contracting and batch dimensions, "
+                         f"got {dimension_numbers!r}")
+    return lc, rc, lb, rb
+
+
+def _check_out_dtype(dtype, what):
+    if dtype is None or jnp.dtype(dtype) not in _OUT_DTYPES:
+        raise TypeError(f"{what}: preferred_element_type must be float32, bfloat16 or float16, got {dtype}")
+    return jnp.dtype(dtype)
+
+
+def _problem(lhs, rhs, dimension_numbers, out_dtype) -> DotProblem:
+    what = "block_scaled_dot"
+    for name, x in (("lhs", lhs), ("rhs", rhs)):
+        if not _is_bsa(x):
+            raise TypeError(f"{what}: {name} must be a jax_gpuext.BlockScaledArray (from jax_gpuext.quantize), "
+                            f"got {type(x).__name__}; use scaled_dot_general for high-precision inputs")
+    lf, rf = format_info(lhs.format), format_info(rhs.format)
+    ls, rs = tuple(lhs.data.shape), tuple(rhs.data.shape)
+    la, ra = _norm_axis(lhs.axis, len(ls)), _norm_axis(rhs.axis, len(rs))
+    if dimension_numbers is None:
+        dimension_numbers = (((la,), (ra,)), ((), ()))
+    lc, rc, lb, rb = _parse_dimension_numbers(dimension_numbers, len(ls), len(rs), what)
+    if len(lc) != 1:
+        raise ValueError(f"{what}: exactly one contracting dimension per operand is supported (the quantized "
+                         f"axis), got {dimension_numbers!r} for lhs {ls}, rhs {rs}")
+    if lf.family != rf.family:
+        raise ValueError(f"{what}: formats {lf.name} (lhs) and {rf.name} (rhs) cannot be mixed; both operands "
+                         "must be MXFP8 (E4M3/E5M2), both NVFP4, or both FP8 blockwise (1x128/128x128)")
+    for name, f, shape, c, batch, axis in (("lhs", lf, ls, lc[0], lb, la), ("rhs", rf, rs, rc[0], rb, ra)):
+        if f.two_d:
+            if c not in (len(shape) - 1, len(shape) - 2):
+                raise ValueError(f"{what}: {name} is {f.name} (128x128 blocks over its last two axes), so it must "
+                                 f"contract one of them, not axis {c} of shape {shape}")
+            if len(shape) - 2 != len(batch):
+                raise ValueError(f"{what}: {name} is {f.name}: every axis before the last two must be a batch "
+                                 f"dimension; shape {shape} has batch dims {batch}")
+        elif c != axis:
+            raise ValueError(f"{what}: {name} is quantized along axis {axis} but dimension_numbers contract "
+                             f"axis {c} (shape {shape}); quantize along the contracting axis")
+    if ls[lc[0]] != rs[rc[0]]:
+        raise ValueError(f"{what}: contracting sizes differ: lhs {ls} axis {lc[0]} vs rhs {rs} axis {rc[0]}")
+    if [ls[d] for d in lb] != [rs[d] for d in rb]:
+        raise ValueError(f"{what}: batch sizes differ: lhs {ls} dims {lb} vs rhs {rs} dims {rb}")
+    for name, q, f in (("lhs", lhs, lf), ("rhs", rhs, rf)):
+        expected = formats.scale_shape(q.data.shape, q.format, q.axis)
+        if q.data.dtype != f.element_dtype or q.scale.dtype != f.scale_dtype or tuple(q.scale.shape) != expected:
+            raise TypeError(f"{what}: {name} ({f.name}) has data {q.data.dtype}{list(q.data.shape)} and scale "
+                            f"{q.scale.dtype}{list(q.scale.shape)}; expected data {f.element_dtype}, scale "
+                            f"{f.scale_dtype}{list(expected)}")
+        if q.format.has_global_scale and q.global_scale is None:
+            raise ValueError(f"{what}: {name} is {f.name} but has no global_scale")
+    has_gs = lhs.global_scale is not None or rhs.global_scale is not None
+    return DotProblem(ls, rs, lf, rf, lc[0], rc[0], lb, rb, out_dtype, has_gs)
+
+
+# --------------------------------------------------------------------------- reference
+def _expanded_scale(q, f: FormatInfo) -> jax.Array:
+    """The block scales broadcast to the data's shape, in float32 (exact: E8M0/E4M3/fp32 -> fp32)."""
+    s = q.scale.astype(jnp.float32)
+    shape = q.data.shape
+    axes = (len(shape) - 2, len(shape) - 1) if f.two_d else (_norm_axis(q.axis, len(shape)),)
+    for ax in axes:
+        s = jnp.repeat(s, f.block, axis=ax)[(slice(None),) * ax + (slice(0, shape[ax]),)]
+    return s
+
+
+def _global(q) -> jax.Array:
+    return jnp.float32(1) if q.global_scale is None else jnp.asarray(q.global_scale, jnp.float32)
+
+
+def _reference(lhs, rhs, p: DotProblem) -> jax.Array:
+    dl = lhs.data.astype(jnp.float32) * _expanded_scale(lhs, p.lhs_format)
+    dr = rhs.data.astype(jnp.float32) * _expanded_scale(rhs, p.rhs_format)
+    dn = (((p.lhs_contract,), (p.rhs_contract,)), (p.lhs_batch, p.rhs_batch))
+    acc = lax.dot_general(dl, dr, dn, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+    # Global scales multiply the fp32 accumulator once, as the math above states (not each element).
+    return (acc * (_global(lhs) * _global(rhs))).astype(p.out_dtype)
+
+
+# --------------------------------------------------------------------------- canonical form
+def to_canonical(q, contract: int, batch: tuple[int, ...]):
+    """(data, scale) of ``q`` transposed/collapsed to ``(B, X, K)`` and ``(B, X, K/blk)``.
+
+    Free dimensions are collapsed into X. For FP8_128x128 the validation guaranteed that the
+    two last axes are (free, contract) in some order, so the 2-D blocks survive.
+    """
+    nd = q.data.ndim
+    free = tuple(d for d in range(nd) if d != contract and d not in batch)
+    perm = tuple(batch) + free + (contract,)
+    data, scale = jnp.transpose(q.data, perm), jnp.transpose(q.scale, perm)
+    b = math.prod(q.data.shape[d] for d in batch)
+    x = math.prod(q.data.shape[d] for d in free)
+    return (data.reshape(b, x, q.data.shape[contract]),
+            scale.reshape(b, math.prod(q.scale.shape[d] for d in free), q.scale.shape[contract]))
+
+
+def from_canonical(out: jax.Array, p: DotProblem) -> jax.Array:
+    """(B, M, N) back to dot_general's output layout (batch, lhs free, rhs free)."""
+    shape = ([p.lhs_shape[d] for d in p.lhs_batch] + [p.lhs_shape[d] for d in p.lhs_free]
+             + [p.rhs_shape[d] for d in p.rhs_free])
+    return out.reshape(shape)
+
+
+def global_alpha(lhs, rhs, p: DotProblem) -> jax.Array:
+    """gs_l * gs_r as a float32 vector of length 1 (one scalar applies to every batch)."""
+    return (_global(lhs) * _global(rhs)).reshape(1)
+
+
+# --------------------------------------------------------------------------- backends
+def _reference_backend_call(lhs, rhs, p):
+    return _reference(lhs, rhs, p)
+
+
+_IMPLS: dict[str, Any] = {"reference": _reference_backend_call}
+
+
+def register_impl(name: str, backend: backends.Backend, impl) -> None:
+    """Registers a backend of ``block_scaled_dot`` and the function that runs it.
+
+    ``impl(lhs, rhs, problem, selection)`` returns the result in dot_general layout.
+    """
+    backends.register(OP, backend)
+    _IMPLS[name] = impl
+
+
+def _register_backends() -> None:
+    # Imported here: each GPU backend module registers itself in preference order.
+    from jax_gpuext import dot_cublaslt, dot_cudnn, hopper_mx
+
+    dot_cudnn.register()
+    dot_cublaslt.register()
+    hopper_mx.register()  # issue 5: our sm_90a MXFP8/NVFP4 kernel
+    backends.register(OP, backends.Backend(
+        "reference", ("cpu", "cuda"), (), "dequantize to float32, then lax.dot_general (the semantic definition)"))
+
+
+_register_backends()
+
+
+# --------------------------------------------------------------------------- public: block_scaled_dot
+def block_scaled_dot(lhs, rhs, dimension_numbers=None, *, preferred_element_type=jnp.bfloat16,
+                     backend: str = "auto") -> jax.Array:
+    """Dot of two ``BlockScaledArray`` operands, contracting along their quantized axes.
+
+    ``dimension_numbers`` is ``((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch))`` as for
+    ``jax.lax.dot_general`` with one contracting axis each, which must be the quantized axis (one of
+    the last two for FP8_128x128). ``None`` contracts ``lhs.axis`` with ``rhs.axis`` without batch
+    dimensions. Accumulation is float32; global scales (NVFP4) multiply the accumulator; the result
+    is cast to ``preferred_element_type`` (float32, bfloat16 or float16).
+    """
+    out_dtype = _check_out_dtype(preferred_element_type, "block_scaled_dot")
+    p = _problem(lhs, rhs, dimension_numbers, out_dtype)
+    sel = backends.select(OP, backend, problem=p)
+    return _IMPLS[sel.chosen](lhs, rhs, p, sel) if sel.chosen != "reference" else _reference(lhs, rhs, p)
+
+
+# --------------------------------------------------------------------------- public: scaled_dot_general
+# Backward formats. The cotangent gets ``grad_format``; the saved high-precision operands are
+# re-quantized along the backward contracting axis with the forward format when it belongs to the
+# same family as grad_format (operands of one dot must share a family), else with E4M3 of that
+# family. NVFP4 trains with an MXFP8 backward by default: NVFP4 gradients need stochastic rounding
+# and random Hadamard transforms to converge (NVIDIA's NVFP4 recipe), which we do not implement.
+_DEFAULT_GRAD = {"MXFP8_E4M3": "MXFP8_E5M2", "MXFP8_E5M2": "MXFP8_E5M2", "NVFP4": "MXFP8_E5M2",
+                 "FP8_1x128": "FP8_1x128", "FP8_128x128": "FP8_1x128"}
+_FAMILY_E4M3 = {"mx": "MXFP8_E4M3", "nvfp4": "NVFP4", "fp8_block": "FP8_1x128"}
+
+
+def _as_pair(fmt, what):
+    if isinstance(fmt, (tuple, list)):
+        if len(fmt) != 2:
+            raise TypeError(f"{what}: format must be a BlockFormat or a (lhs_format, rhs_format) pair, got {fmt!r}")
+        return tuple(fmt)
+    return fmt, fmt
+
+
+@dataclasses.dataclass(frozen=True)
+class _Recipe:
+    lhs: Any
+    rhs: Any
+    grad: Any
+    lhs_bwd: Any
+    rhs_bwd: Any
+
+
+def recipe(format=None, grad_format=None) -> _Recipe:
+    """The five formats of a training step: forward lhs/rhs, cotangent, backward lhs/rhs residuals."""
+    lf, rf = _as_pair(formats.MXFP8_E4M3 if format is None else format, "scaled_dot_general")
+    li, ri = format_info(lf), format_info(rf)
+    if li.family != ri.family:
+        raise ValueError(f"scaled_dot_general: formats {li.name} and {ri.name} cannot be mixed")
+    if li.two_d:
+        raise ValueError("scaled_dot_general: FP8_128x128 is a weight (rhs) format; use "
+                         "format=(FP8_1x128, FP8_128x128) for the DeepSeek-V3 recipe")
+    g = getattr(formats, _DEFAULT_GRAD[li.name]) if grad_format is None else grad_format
+    gi = format_info(g)
+    if gi.two_d:
+        raise ValueError("scaled_dot_general: grad_format cannot be FP8_128x128 (the cotangent is the lhs "
+                         "of both backward dots); use FP8_1x128")
+    same = li.family == gi.family
+    lb = lf if same else getattr(formats, _FAMILY_E4M3[gi.family])
+    rb = rf if same else getattr(formats, _FAMILY_E4M3[gi.family])
+    return _Recipe(lf, rf, g, lb, rb)
+
+
+def _quantize(x, fmt):
+    """Quantizes canonical ``x (B, X, K)`` along K (FP8_128x128: over (X, K)).
+
+    formats.quantize takes float32/bfloat16/float16 and handles partial blocks itself.
+    """
+    if x.dtype == jnp.float64:
+        x = x.astype(jnp.float32)
+    return formats.quantize(x, fmt, axis=-1)
+
+
+def _canonical_scaled(a, b, fa, fb, out_dtype, backend):
+    """(B, M, K) x (B, N, K) -> (B, M, N), both quantized along K here."""
+    qa, qb = _quantize(a, fa), _quantize(b, fb)
+    return block_scaled_dot(qa, qb, (((2,), (2,)), ((0,), (0,))), preferred_element_type=out_dtype,
+                            backend=backend)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _scaled_canonical(a, b, rec: _Recipe, out_dtype, backend):
+    return _canonical_scaled(a, b, rec.lhs, rec.rhs, out_dtype, backend)
+
+
+def _scaled_fwd(a, b, rec, out_dtype, backend):
+    return _canonical_scaled(a, b, rec.lhs, rec.rhs, out_dtype, backend), (a, b)
+
+
+def _scaled_bwd(rec, out_dtype, backend, res, g):
+    a, b = res  # a (B, M, K), b (B, N, K), g (B, M, N)
+    gdt = jnp.promote_types(g.dtype, jnp.float32)
+    g = g.astype(gdt)
+    # dA[b,m,k] = sum_n g[b,m,n] b[b,n,k]: contract N, so g is quantized along N and b^T along N.
+    da = _canonical_scaled(g, jnp.swapaxes(b, 1, 2), rec.grad, rec.rhs_bwd, jnp.float32, backend)
+    # dB[b,n,k] = sum_m g[b,m,n] a[b,m,k]: contract M.
+    db = _canonical_scaled(jnp.swapaxes(g, 1, 2), jnp.swapaxes(a, 1, 2), rec.grad, rec.lhs_bwd,
+                           jnp.float32, backend)
+    return da.astype(a.dtype), db.astype(b.dtype)
+
+
+_scaled_canonical.defvjp(_scaled_fwd, _scaled_bwd)
+
+
+def scaled_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *,
+                       format=None, grad_format=None, backend: str = "auto") -> jax.Array:
+    """``jax.lax.dot_general`` computed as a block-scaled dot, differentiable.
+
+    Drops into ``flax.nnx.Linear(dot_general=...)`` / ``flax.linen.Dense(dot_general=...)`` (use
+    ``functools.partial`` to set ``format``). ``lhs``/``rhs`` are high-precision arrays quantized
+    here along their contracting axes (partial blocks allowed). ``format`` is one BlockFormat
+    for both operands or a ``(lhs, rhs)`` pair, e.g. ``(FP8_1x128, FP8_128x128)``; default
+    MXFP8_E4M3. ``precision`` is accepted for signature compatibility and ignored: the precision
+    is the format's. The backward pass quantizes the cotangent with ``grad_format`` (default
+    MXFP8_E5M2 for MXFP8 and NVFP4, FP8_1x128 for FP8 blockwise) and re-quantizes the saved
+    operands along the backward contracting axes (see ``recipe``).
+    """
+    del precision
+    what = "scaled_dot_general"
+    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
+    for name, x in (("lhs", lhs), ("rhs", rhs)):
+        if not jnp.issubdtype(x.dtype, jnp.floating) or x.dtype.itemsize < 2:
+            raise TypeError(f"{what}: {name} must be float16/bfloat16/float32/float64 (it is quantized here), "
+                            f"got {x.dtype} with shape {x.shape}")
+    rec = recipe(format, grad_format)
+    lc, rc, lb, rb = _parse_dimension_numbers(dimension_numbers, lhs.ndim, rhs.ndim, what)
+    if len(lc) != 1:
+        raise ValueError(f"{what}: exactly one contracting dimension per operand is supported, got "
+                         f"{dimension_numbers!r} for lhs {lhs.shape}, rhs {rhs.shape}")
+    if lhs.shape[lc[0]] != rhs.shape[rc[0]]:
+        raise ValueError(f"{what}: contracting sizes differ: lhs {lhs.shape} axis {lc[0]} vs rhs {rhs.shape} "
+                         f"axis {rc[0]}")
+    if [lhs.shape[d] for d in lb] != [rhs.shape[d] for d in rb]:
+        raise ValueError(f"{what}: batch sizes differ: lhs {lhs.shape} dims {lb} vs rhs {rhs.shape} dims {rb}")
+    out_dtype = jnp.dtype(preferred_element_type) if preferred_element_type is not None else \
+        jnp.promote_types(lhs.dtype, rhs.dtype)
+    if out_dtype not in _OUT_DTYPES:
+        out_dtype = _check_out_dtype(jnp.float32 if out_dtype == jnp.float64 else out_dtype, what)
+    lfree = tuple(d for d in range(lhs.ndim) if d != lc[0] and d not in lb)
+    rfree = tuple(d for d in range(rhs.ndim) if d != rc[0] and d not in rb)
+    bsz = math.prod(lhs.shape[d] for d in lb)
+    a = jnp.transpose(lhs, lb + lfree + lc).reshape(bsz, -1, lhs.shape[lc[0]]) if lhs.size else \
+        jnp.zeros((bsz, math.prod(lhs.shape[d] for d in lfree), lhs.shape[lc[0]]), lhs.dtype)
+    b = jnp.transpose(rhs, rb + rfree + rc).reshape(bsz, -1, rhs.shape[rc[0]]) if rhs.size else \
+        jnp.zeros((bsz, math.prod(rhs.shape[d] for d in rfree), rhs.shape[rc[0]]), rhs.dtype)
+    out = _scaled_canonical(a, b, rec, out_dtype, backend)
+    shape = ([lhs.shape[d] for d in lb] + [lhs.shape[d] for d in lfree] + [rhs.shape[d] for d in rfree])
+    return out.reshape(shape)
+
+
+# --------------------------------------------------------------------------- demo
+def demo_steps():
+    """(title, callable) pairs for ``python -m jax_gpuext demo``."""
+    from jax_gpuext.explain import explain
+
+    def dot_step():
+        k1, k2 = jax.random.split(jax.random.key(0))
+        x = jax.random.normal(k1, (64, 256), jnp.float32)
+        w = jax.random.normal(k2, (128, 256), jnp.float32)
+        qx, qw = formats.quantize(x, formats.MXFP8_E4M3), formats.quantize(w, formats.MXFP8_E4M3)
+        f = jax.jit(lambda a, b: block_scaled_dot(a, b, preferred_element_type=jnp.float32))
+        y = f(qx, qw)
+        err = float(jnp.max(jnp.abs(y - x @ w.T)) / jnp.max(jnp.abs(x @ w.T)))
+        print(f"MXFP8 (64x256) . (128x256)^T: max error / max |x w^T| = {err:.3g}")
+        print(explain(f, qx, qw))
+
+    def train_step():
+        k1, k2 = jax.random.split(jax.random.key(1))
+        x = jax.random.normal(k1, (32, 128), jnp.float32)
+        w = jax.random.normal(k2, (128, 64), jnp.float32) / 11.3
+        dn = (((1,), (0,)), ((), ()))
+
+        def loss(w):
+            return jnp.mean(scaled_dot_general(x, w, dn, preferred_element_type=jnp.float32) ** 2)
+
+        step = jax.jit(lambda w: w - 0.1 * jax.grad(loss)(w))
+        w1 = step(w)
+        print(f"one MXFP8 SGD step: loss {float(loss(w)):.4f} -> {float(loss(w1)):.4f}")
+        print(explain(jax.grad(loss), w))
+
+    return [("block_scaled_dot (MXFP8)", dot_step), ("scaled_dot_general training step", train_step)]

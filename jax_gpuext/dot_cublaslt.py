@@ -1,0 +1,181 @@
+"""The ``cublaslt`` backend of ``block_scaled_dot``: one cuBLASLt matmul per call.
+
+- Hopper (sm_90), cuBLAS >= 12.9: FP8 blockwise, the DeepSeek-V3 recipe. lhs FP8_1x128
+  (``VEC128_32F``) x rhs FP8_128x128 (``BLK128x128_32F``) or FP8_1x128.
+- Blackwell (sm_10x), cuBLAS >= 12.8: MXFP8 (``VEC32_UE8M0``) and NVFP4 (``VEC16_UE4M3``),
+  scales in the 128x4 tiled layout.
+- Any FP8 GPU: per-tensor FP8 (``SCALAR_32F``), used by the benchmark as the baseline
+  (``per_tensor_fp8_dot``).
+
+Layout. cuBLASLt is column-major; our canonical operands are row-major ``lhs (B, M, K)`` and
+``rhs (B, N, K)``. Computing ``out^T (N x M, column-major) = rhs (op T) . lhs (op N)`` makes
+cuBLAS's A our rhs and its B our lhs, both K-contiguous: the "TN" layout, the only one cuBLASLt
+accepts for FP8. The scale tensors are rearranged here, in XLA, into the layouts the cuBLAS
+docs ("Block scaling factors layout") prescribe for cuBLAS's A (= our rhs) and B (= our lhs).
+
+The global scales (NVFP4) are applied as cuBLASLt's alpha, read from device memory
+(``CUBLASLT_POINTER_MODE_DEVICE``), so they are fused and no host sync is needed.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_gpuext import _ffi, _libs, backends, formats, gates
+from jax_gpuext import dot as _dot
+from jax_gpuext.gates import GateResult
+
+TARGET = "gpuext_block_scaled_dot_cublaslt"
+# cuBLAS recommends 32 MiB of workspace on Hopper/Blackwell; passed as an extra result so the
+# handler never allocates (REFERENCE section 2).
+WORKSPACE_BYTES = 32 * 1024 * 1024
+
+# cublasLtMatmulMatrixScale_t (cublasLt.h, CUDA 13); the handler static_asserts the same values.
+SCALE_SCALAR_32F = 0
+SCALE_VEC16_UE4M3 = 1
+SCALE_VEC32_UE8M0 = 2
+SCALE_VEC128_32F = 4
+SCALE_BLK128x128_32F = 5
+
+
+def _fp8_pair_ok(p) -> GateResult:
+    e5 = jnp.dtype(jnp.float8_e5m2)
+    if p.lhs_format.element_dtype == e5 and p.rhs_format.element_dtype == e5:
+        return GateResult(False, "cuBLASLt has no E5M2 x E5M2 FP8 matmul")
+    return GateResult(True, "")
+
+
+def supports(p) -> GateResult:
+    b, m, n, k = p.bmnk
+    fam = p.lhs_format.family
+    if p.out_dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32), jnp.dtype(jnp.float16)):
+        return GateResult(False, f"output dtype {p.out_dtype} not supported")
+    if fam == "fp8_block":
+        r = gates.check_all(["hopper", "cublaslt_blockwise_fp8"])
+        if not r.supported:
+            return GateResult(False, f"FP8 blockwise needs Hopper and cuBLAS >= 12.9 ({r.reason})")
+        if p.lhs_format.two_d:
+            return GateResult(False, "cuBLASLt takes 128x128 scales only on the weight side (rhs); lhs must be "
+                                     "FP8_1x128")
+        if k % 128:
+            return GateResult(False, f"K={k} is not a multiple of 128")
+        if p.has_global_scale:
+            return GateResult(False, "FP8 blockwise operands carry no global scale")
+    elif fam in ("mx", "nvfp4"):
+        r = gates.check_all(["blackwell", "cublaslt_mx_scales"])
+        if not r.supported:
+            return GateResult(False, f"MXFP8/NVFP4 tensor-core scaling needs Blackwell and cuBLAS >= 12.8 "
+                                     f"({r.reason})")
+        if k % 32:  # 16-byte aligned rows of packed FP4 / FP8 and whole 4-wide scale columns
+            return GateResult(False, f"K={k} is not a multiple of 32")
+    else:
+        return GateResult(False, f"format family {fam} not supported")
+    r = _fp8_pair_ok(p)
+    if not r.supported:
+        return r
+    return GateResult(True, f"{p.describe()}")
+
+
+# --------------------------------------------------------------------------- scale layouts
+def _round_up(x, m):
+    return -(-x // m) * m
+
+
+def _tile_128x4(s):
+    """(B, R, C) block scales -> the Blackwell 128x4 tiled layout (formats helper), flat per batch.
+
+    Padding scales (rows to 128, columns to 4) never meet data: cuBLAS reads only real blocks.
+    """
+    return formats.to_blackwell_scale_layout(s).reshape(s.shape[0], -1)
+
+
+def _outer_major(s):
+    """(B, X, Kb) fp32 scales -> Kb-major with X contiguous and padded to 4 (16-byte columns).
+
+    cuBLAS stores VEC128_32F / BLK128x128_32F scale tensors with the outer (M or N, or its
+    128-block index) dimension fastest. Verified only by tests/test_block_scaled_dot.py on a GPU.
+    """
+    bsz, x, kb = s.shape
+    s = jnp.pad(s, ((0, 0), (0, _round_up(x, 4) - x), (0, 0)))
+    return jnp.swapaxes(s, 1, 2).reshape(bsz, -1)
+
+
+def _pack_fp4(data):
+    """(B, X, K) float4_e2m1fn -> (B, X, K/2) uint8, element 2i in the low nibble.
+
+    We pack ourselves rather than rely on how XLA lays out F4E2M1FN in device buffers, which
+    is unconfirmed (REFERENCE section 1).
+    """
+    codes = jax.lax.bitcast_convert_type(data, jnp.uint4).astype(jnp.uint8)
+    lo, hi = codes[..., 0::2], codes[..., 1::2]
+    return lo | (hi << 4)
+
+
+def _operand(data, scale, info, mode_1d):
+    if info.family == "nvfp4":
+        return _pack_fp4(data), jax.lax.bitcast_convert_type(_tile_128x4(scale), jnp.uint8), SCALE_VEC16_UE4M3
+    if info.family == "mx":
+        return data, jax.lax.bitcast_convert_type(_tile_128x4(scale), jnp.uint8), SCALE_VEC32_UE8M0
+    if info.two_d:
+        return data, _outer_major(scale.astype(jnp.float32)), SCALE_BLK128x128_32F
+    return data, _outer_major(scale.astype(jnp.float32)), mode_1d
+
+
+def _element_code(info) -> int:
+    # 0 = E4M3, 1 = E5M2, 2 = E2M1 (packed): the handler maps these to cudaDataType_t.
+    return {jnp.dtype(jnp.float8_e4m3fn): 0, jnp.dtype(jnp.float8_e5m2): 1}.get(info.element_dtype, 2)
+
+
+def _call(a, sa, mode_a, code_a, b, sb, mode_b, code_b, alpha, k, out_dtype):
+    """cuBLASLt on canonical operands: a = our lhs (B, M, ...), b = our rhs (B, N, ...)."""
+    bsz, m, n = a.shape[0], a.shape[1], b.shape[1]
+    path = _libs.path("cublaslt") or ""
+    out, _ = _ffi.ffi_call(
+        TARGET,
+        (jax.ShapeDtypeStruct((bsz, m, n), out_dtype), jax.ShapeDtypeStruct((WORKSPACE_BYTES,), jnp.uint8)),
+        a, sa, b, sb, jnp.concatenate([alpha.astype(jnp.float32), jnp.zeros((1,), jnp.float32)]),
+        vmap_method="sequential",
+        k=np.int64(k), lhs_scale_mode=np.int32(mode_a), rhs_scale_mode=np.int32(mode_b),
+        lhs_type=np.int32(code_a), rhs_type=np.int32(code_b), library=path)
+    return out
+
+
+def impl(lhs, rhs, p, sel):
+    la, ls = _dot.to_canonical(lhs, p.lhs_contract, p.lhs_batch)
+    ra, rs = _dot.to_canonical(rhs, p.rhs_contract, p.rhs_batch)
+    k = la.shape[2]
+    la, ls, lmode = _operand(la, ls, p.lhs_format, SCALE_VEC128_32F)
+    ra, rs, rmode = _operand(ra, rs, p.rhs_format, SCALE_VEC128_32F)
+    alpha = _dot.global_alpha(lhs, rhs, p)
+    if p.has_global_scale:
+        backends.note(sel, "global scale fused as cuBLASLt alpha (device pointer)")
+    out = _call(la, ls, lmode, _element_code(p.lhs_format), ra, rs, rmode, _element_code(p.rhs_format),
+                alpha, k, p.out_dtype)
+    return _dot.from_canonical(out, p)
+
+
+def per_tensor_fp8_dot(a, b, a_scale, b_scale, out_dtype=jnp.bfloat16):
+    """``a (M, K) fp8 . b (N, K)^T fp8 * a_scale * b_scale`` with per-tensor fp32 scales.
+
+    The classic FP8 recipe (``SCALAR_32F``); the benchmark's baseline. GPU only.
+    """
+    gates.require("cuda_extension", "per_tensor_fp8_dot")
+    gates.require("cublaslt_dot_built", "per_tensor_fp8_dot")
+    code = {jnp.dtype(jnp.float8_e4m3fn): 0, jnp.dtype(jnp.float8_e5m2): 1}
+    if a.dtype not in code or b.dtype not in code or a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1]:
+        raise TypeError(f"per_tensor_fp8_dot: a (M, K) and b (N, K) must be FP8 with equal K, got "
+                        f"{a.shape} {a.dtype} and {b.shape} {b.dtype}")
+    sa = jnp.asarray(a_scale, jnp.float32).reshape(1, 1)
+    sb = jnp.asarray(b_scale, jnp.float32).reshape(1, 1)
+    out = _call(a[None], sa, SCALE_SCALAR_32F, code[a.dtype], b[None], sb, SCALE_SCALAR_32F, code[b.dtype],
+                jnp.ones((1,), jnp.float32), a.shape[1], jnp.dtype(out_dtype))
+    return out[0]
+
+
+def register() -> None:
+    gates_needed = ("cuda_extension", "cuda_device", "cuda_driver", "fp8_tensor_cores", "cublaslt_dot_built")
+    _dot.register_impl("cublaslt", backends.Backend(
+        "cublaslt", ("cuda",), gates_needed,
+        "cuBLASLt block-scaled FP8/FP4 matmul (Hopper: 1x128/128x128; Blackwell: MXFP8/NVFP4)", supports), impl)

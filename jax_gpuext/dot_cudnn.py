@@ -1,0 +1,91 @@
+"""The ``cudnn`` backend of ``block_scaled_dot``: a cuDNN graph on Blackwell.
+
+Graph (cudnn-frontend >= 1.10, cuDNN >= 9.7, sm_10x): ``block_scale_dequantize(lhs, s_lhs)`` and
+``block_scale_dequantize(rhs, s_rhs)`` feeding one ``matmul`` with float32 compute; cuDNN fuses
+them into a block-scaled tensor-core kernel. Scales in the F8_128x4 tiled layout
+(``formats.to_blackwell_scale_layout``).
+
+Global scale (NVFP4). cuDNN >= 9.13 fuses it (gate ``cudnn_fused_global_scale``); before 9.13 a
+graph with it compiles but silently ignores it (REFERENCE section 3), so there we multiply the
+float32 result separately, and say so through ``backends.note`` (``explain`` shows it).
+
+The handler (``ffi/cuda/block_scaled_dot_cudnn.cc``) is compiled only with ``JAX_GPUEXT_CUDNN``
+on (gate ``cudnn_dot_built``); it dlopens the cuDNN that ``_libs`` found.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_gpuext import _ffi, _libs, backends, formats, gates
+from jax_gpuext import dot as _dot
+from jax_gpuext.gates import GateResult
+
+TARGET = "gpuext_block_scaled_dot_cudnn"
+# Largest workspace we let a plan use; plans wanting more are skipped at build time.
+WORKSPACE_BYTES = 64 * 1024 * 1024
+
+
+def supports(p) -> GateResult:
+    fam = p.lhs_format.family
+    if fam not in ("mx", "nvfp4"):
+        return GateResult(False, f"cuDNN block_scale_dequantize takes MXFP8/NVFP4, not {p.lhs_format.name}")
+    b, m, n, k = p.bmnk
+    if k % 128:  # whole 4-wide columns of the 128x4 scale tiles, and 16-byte aligned FP4 rows
+        return GateResult(False, f"K={k} is not a multiple of 128")
+    e5 = jnp.dtype(jnp.float8_e5m2)
+    if p.lhs_format.element_dtype == e5 and p.rhs_format.element_dtype == e5:
+        return GateResult(False, "no E5M2 x E5M2 block-scaled MMA")
+    return GateResult(True, p.describe())
+
+
+def _operand(data, scale, info):
+    tiled = formats.to_blackwell_scale_layout(scale)
+    if info.family == "nvfp4":
+        # Our own packing (low nibble first): XLA's F4E2M1FN buffer layout is unconfirmed.
+        from jax_gpuext.dot_cublaslt import _pack_fp4
+        data = _pack_fp4(data)
+    return data, jax.lax.bitcast_convert_type(tiled, jnp.uint8)
+
+
+def _element_code(info) -> int:
+    return {jnp.dtype(jnp.float8_e4m3fn): 0, jnp.dtype(jnp.float8_e5m2): 1}.get(info.element_dtype, 2)
+
+
+def impl(lhs, rhs, p, sel):
+    la, ls = _dot.to_canonical(lhs, p.lhs_contract, p.lhs_batch)
+    ra, rs = _dot.to_canonical(rhs, p.rhs_contract, p.rhs_batch)
+    k = la.shape[2]
+    la, ls = _operand(la, ls, p.lhs_format)
+    ra, rs = _operand(ra, rs, p.rhs_format)
+    alpha = _dot.global_alpha(lhs, rhs, p)
+    fused = p.has_global_scale and gates.check("cudnn_fused_global_scale").supported
+    out_dtype = p.out_dtype
+    if p.has_global_scale and not fused:
+        backends.note(sel, "global scale applied by a separate float32 multiply (cuDNN < 9.13 would ignore "
+                           "it inside the graph)")
+        out_dtype = jnp.dtype(jnp.float32)
+    elif fused:
+        backends.note(sel, "global scale fused into the cuDNN graph (cuDNN >= 9.13)")
+    bsz, m, n = la.shape[0], la.shape[1], ra.shape[1]
+    out, _ = _ffi.ffi_call(
+        TARGET,
+        (jax.ShapeDtypeStruct((bsz, m, n), out_dtype), jax.ShapeDtypeStruct((WORKSPACE_BYTES,), jnp.uint8)),
+        la, ls, ra, rs, alpha,
+        vmap_method="sequential",
+        k=np.int64(k), lhs_type=np.int32(_element_code(p.lhs_format)),
+        rhs_type=np.int32(_element_code(p.rhs_format)), fuse_alpha=np.int32(bool(fused)),
+        graph_safe=np.int32(gates.check("cudnn_graph_safety_notes").supported),
+        library=_libs.path("cudnn") or "")
+    if p.has_global_scale and not fused:
+        out = (out * alpha[0]).astype(p.out_dtype)
+    return _dot.from_canonical(out, p)
+
+
+def register() -> None:
+    _dot.register_impl("cudnn", backends.Backend(
+        "cudnn", ("cuda",),
+        ("cuda_extension", "cuda_device", "cuda_driver", "blackwell", "cudnn_block_scale", "cudnn_dot_built"),
+        "cuDNN graph: block_scale_dequantize x2 + matmul (Blackwell MXFP8/NVFP4)", supports), impl)

@@ -1,0 +1,419 @@
+"""Block-scaled formats: MXFP8 (E4M3 / E5M2), NVFP4 and FP8 blockwise (1x128, 128x128).
+
+``quantize(x, fmt)`` returns a :class:`BlockScaledArray` (data, per-block scales, optional
+per-tensor global scale); ``dequantize(q)`` turns it back into floats. Three implementations
+agree bit for bit: the pure-jnp reference (``_formats_reference``, the definition), the CPU FFI
+handler (``ffi/cpu/formats.cc``) and the CUDA kernels (``csrc/formats/``). docs/formats.md
+states the rules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jax_gpuext import _ffi, backends, gates
+from jax_gpuext import _formats_reference as ref
+
+QUANTIZE_OP = "quantize"
+DEQUANTIZE_OP = "dequantize"
+QUANTIZE_TARGET = "gpuext_quantize"
+DEQUANTIZE_TARGET = "gpuext_dequantize"
+INPUT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+SCALE_ROUNDINGS = ("up", "ocp")
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockFormat:
+    """A block-scaled format. ``block`` is (n,) along one axis or (r, c) over the last two axes.
+
+    ``code`` is the value of the ``format`` attribute of our custom calls (keep in step with
+    ``csrc/formats/block_scaled_math.h``).
+    """
+
+    name: str
+    elem_dtype: jnp.dtype
+    scale_dtype: jnp.dtype
+    block: tuple[int, ...]
+    code: int
+    has_global_scale: bool = False
+
+    @property
+    def elem_max(self) -> float:
+        return float(jnp.finfo(self.elem_dtype).max)
+
+    @property
+    def is_mx(self) -> bool:
+        return self.scale_dtype == jnp.float8_e8m0fnu
+
+    def __repr__(self) -> str:
+        return f"BlockFormat({self.name})"
+
+
+MXFP8_E4M3 = BlockFormat("MXFP8_E4M3", jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e8m0fnu), (32,), 0)
+MXFP8_E5M2 = BlockFormat("MXFP8_E5M2", jnp.dtype(jnp.float8_e5m2), jnp.dtype(jnp.float8_e8m0fnu), (32,), 1)
+NVFP4 = BlockFormat("NVFP4", jnp.dtype(jnp.float4_e2m1fn), jnp.dtype(jnp.float8_e4m3fn), (16,), 2,
+                    has_global_scale=True)
+FP8_1x128 = BlockFormat("FP8_1x128", jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float32), (128,), 3)
+FP8_128x128 = BlockFormat("FP8_128x128", jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float32), (128, 128), 4)
+FORMATS = {f.name: f for f in (MXFP8_E4M3, MXFP8_E5M2, NVFP4, FP8_1x128, FP8_128x128)}
+_ROUNDING_CODES = {"up": 0, "ocp": 1}
+# How XLA lays out float4_e2m1fn buffers, per platform: False = one value per byte (low nibble),
+# True = two per byte, element 2i in the low nibble. FFI buffers cannot tell (their size_bytes()
+# is ByteWidth * count = one byte each), so this table does. CPU: packed, found with jaxlib 0.10.2
+# (an unpacked write corrupted memory; the bit-exact NVFP4 tests pin it). CUDA: assumed packed
+# like CPU, unconfirmed; tests/test_formats_gpu.py::test_float4_buffer_layout determines it.
+FP4_PACKED = {"cpu": True, "cuda": True}
+
+
+@jax.tree_util.register_pytree_node_class
+class BlockScaledArray:
+    """Quantized data plus scales. ``data`` keeps the logical shape of the input (no padding);
+    ``scale`` has one entry per (possibly partial) block; ``global_scale`` is an fp32 scalar
+    (leading batch dims under vmap) for formats that have one, else None. ``axis`` is stored
+    negative so that it stays right when vmap adds leading batch dimensions."""
+
+    def __init__(self, data, scale, global_scale, format: BlockFormat, axis: int):
+        self.data = data
+        self.scale = scale
+        self.global_scale = global_scale
+        self.format = format
+        self.axis = axis
+
+    def tree_flatten(self):
+        return (self.data, self.scale, self.global_scale), (self.format, self.axis)
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children, *aux)
+
+    @property
+    def shape(self):
+        return self.data.shape
+
+    def dequantize(self, dtype=jnp.float32):
+        return dequantize(self, dtype)
+
+    def __repr__(self) -> str:
+        return (f"BlockScaledArray({self.format.name}, shape={tuple(self.data.shape)}, axis={self.axis}, "
+                f"scale.shape={tuple(self.scale.shape)})")
+
+
+# --------------------------------------------------------------------------- validation
+def _check_format(fmt) -> BlockFormat:
+    if isinstance(fmt, str):
+        if fmt not in FORMATS:
+            raise ValueError(f"unknown block format {fmt!r}; known formats: {sorted(FORMATS)}")
+        return FORMATS[fmt]
+    if not isinstance(fmt, BlockFormat):
+        raise TypeError(f"fmt must be a jax_gpuext.BlockFormat (one of {sorted(FORMATS)}), got {fmt!r}")
+    return fmt
+
+
+def _normalize_axis(axis, ndim: int, fmt: BlockFormat, shape) -> int:
+    """Returns the axis as a negative index."""
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+        raise TypeError(f"axis must be an int, got {axis!r}")
+    if len(fmt.block) == 2:
+        if ndim < 2:
+            raise ValueError(f"{fmt.name} blocks the last two axes: x needs rank >= 2, got shape {shape}")
+        if axis not in (-1, ndim - 1):
+            raise ValueError(f"{fmt.name} blocks the last two axes; axis must be -1, got {axis} for shape {shape}")
+        return -1
+    if ndim == 0 or not -ndim <= axis < ndim:
+        raise ValueError(f"axis {axis} is out of range for x of shape {shape}")
+    return int(axis) - ndim if axis >= 0 else int(axis)
+
+
+def scale_shape(shape, fmt: BlockFormat, axis: int = -1) -> tuple[int, ...]:
+    """Shape of the scales of an array of ``shape``: partial blocks count as whole ones."""
+    shape = list(shape)
+    if len(fmt.block) == 2:
+        shape[-2] = -(-shape[-2] // fmt.block[0])
+        shape[-1] = -(-shape[-1] // fmt.block[1])
+    else:
+        shape[axis] = -(-shape[axis] // fmt.block[0])
+    return tuple(shape)
+
+
+def _check_global_scale(global_scale, fmt: BlockFormat):
+    if not fmt.has_global_scale:
+        if global_scale is not None:
+            raise ValueError(f"{fmt.name} has no global scale; global_scale must be None")
+        return None
+    if global_scale is None:
+        return None
+    g = jnp.asarray(global_scale)
+    if g.shape != ():
+        raise ValueError(f"global_scale must be a scalar (shape ()), got shape {g.shape}")
+    if not jnp.issubdtype(g.dtype, jnp.floating):
+        raise TypeError(f"global_scale must be a float scalar, got dtype {g.dtype}")
+    return g.astype(jnp.float32)
+
+
+# --------------------------------------------------------------------------- backends
+def _problem_supported(problem) -> gates.GateResult:
+    return gates.GateResult(True, "every format, dtype and shape")
+
+
+backends.register(QUANTIZE_OP, backends.Backend(
+    "cuda", ("cuda",), ("cuda_extension", "cuda_device"),
+    "one-pass CUDA kernel (gpuext_quantize)", _problem_supported))
+backends.register(QUANTIZE_OP, backends.Backend(
+    "cpu", ("cpu",), ("cpu_extension",), "C++ CPU handler (gpuext_quantize)", _problem_supported))
+backends.register(QUANTIZE_OP, backends.Backend(
+    "reference", ("cpu", "cuda"), (), "pure-jnp reference on bit patterns"))
+backends.register(DEQUANTIZE_OP, backends.Backend(
+    "cuda", ("cuda",), ("cuda_extension", "cuda_device"),
+    "elementwise CUDA kernel (gpuext_dequantize)", _problem_supported))
+backends.register(DEQUANTIZE_OP, backends.Backend(
+    "cpu", ("cpu",), ("cpu_extension",), "C++ CPU handler (gpuext_dequantize)", _problem_supported))
+backends.register(DEQUANTIZE_OP, backends.Backend(
+    "reference", ("cpu", "cuda"), (), "pure-jnp reference on bit patterns"))
+
+
+# --------------------------------------------------------------------------- quantize
+def quantize(x, fmt, *, axis: int = -1, scale_rounding: str = "up", global_scale=None,
+             backend: str = "auto") -> BlockScaledArray:
+    """Quantizes ``x`` (float32 / bfloat16 / float16) to block format ``fmt``.
+
+    ``axis``: the axis blocks run along (1-D formats; FP8_128x128 always blocks the last two).
+    ``scale_rounding``: "up" rounds the scale up so nothing saturates (jax.nn, cuDNN, TE);
+    "ocp" is OCP MX v1.0's floor rule (elements saturate), MX formats only.
+    ``global_scale``: NVFP4's fp32 dequantisation scale; default amax / (6 * 448).
+    """
+    fmt = _check_format(fmt)
+    x = jnp.asarray(x)
+    if x.dtype not in INPUT_DTYPES:
+        raise TypeError(f"quantize: x must be float32, bfloat16 or float16, got {x.dtype} (shape {x.shape})")
+    ax = _normalize_axis(axis, x.ndim, fmt, x.shape)
+    if scale_rounding not in SCALE_ROUNDINGS:
+        raise ValueError(f"scale_rounding must be one of {SCALE_ROUNDINGS}, got {scale_rounding!r}")
+    if scale_rounding == "ocp" and not fmt.is_mx:
+        raise ValueError(f"scale_rounding='ocp' (OCP MX v1.0 floor rule) applies to power-of-two E8M0 scales "
+                         f"only; {fmt.name} scales are {fmt.scale_dtype.name} and are always rounded up")
+    g = _check_global_scale(global_scale, fmt)
+    if fmt.has_global_scale and g is None:
+        g = ref.nvfp4_global_scale(x)
+    sel = backends.select(QUANTIZE_OP, backend, problem=(fmt, x.shape, x.dtype))
+    if sel.chosen == "reference":
+        data, scale = _quantize_reference(x, fmt, ax, scale_rounding, g)
+    else:
+        data, scale = _quantize_ffi(x, fmt, ax, scale_rounding, g, sel.chosen)
+    return BlockScaledArray(data, scale, g, fmt, ax)
+
+
+def _blocked_1d(bits, block: int, axis: int):
+    """[..., K, ...] -> moved to [..., nb, block] (zero padded); returns (blocked, K)."""
+    b = jnp.moveaxis(bits, axis, -1)
+    k = b.shape[-1]
+    block = min(block, k)  # one partial block: no padding needed (zeros change nothing)
+    nb = -(-k // block)
+    b = jnp.pad(b, [(0, 0)] * (b.ndim - 1) + [(0, nb * block - k)])
+    return b.reshape(b.shape[:-1] + (nb, block)), k
+
+
+def _unblock_1d(codes, k: int, axis: int):
+    c = codes.reshape(codes.shape[:-2] + (-1,))[..., :k]
+    return jnp.moveaxis(c, -1, axis)
+
+
+def _blocked_2d(bits, block):
+    *lead, m, n = bits.shape
+    block = (min(block[0], m), min(block[1], n))
+    mb, nb = -(-m // block[0]), -(-n // block[1])
+    b = jnp.pad(bits, [(0, 0)] * len(lead) + [(0, mb * block[0] - m), (0, nb * block[1] - n)])
+    return b.reshape(tuple(lead) + (mb, block[0], nb, block[1])), (m, n)
+
+
+def _unblock_2d(codes, mn):
+    *lead, mb, r, nb, c = codes.shape
+    return codes.reshape(tuple(lead) + (mb * r, nb * c))[..., : mn[0], : mn[1]]
+
+
+def _codes_to_elements(codes, dtype):
+    if dtype == jnp.float4_e2m1fn:
+        # no 4-bit bitcast: go through the exactly representable fp32 values
+        values = jnp.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], jnp.float32)
+        return values[codes.astype(jnp.int32)].astype(dtype)
+    return lax.bitcast_convert_type(codes.astype(jnp.uint8), dtype)
+
+
+def _elements_to_codes(data):
+    if data.dtype == jnp.float4_e2m1fn:
+        sign, k, m = ref.decode(ref.to_f32_bits(data.astype(jnp.float32)), ref.F32)
+        return ref.round_to(sign, k, m, ref.E2M1)
+    return lax.bitcast_convert_type(data, jnp.uint8).astype(jnp.uint32)
+
+
+def _broadcast_leading(g, ndim: int):
+    """A global scale with leading batch dims (vmap) broadcast against data of rank ndim."""
+    return g.reshape(g.shape + (1,) * (ndim - g.ndim))
+
+
+def _quantize_blocks(bits, amax, fmt: BlockFormat, rounding: str, g_bits):
+    if fmt.is_mx:
+        return ref.mx_quantize_blocks(bits, amax, "e4m3" if fmt is MXFP8_E4M3 else "e5m2", rounding)
+    if fmt.has_global_scale:
+        return ref.nvfp4_quantize_blocks(bits, amax, g_bits)
+    return ref.fp8_blockwise_quantize_blocks(bits, amax)
+
+
+def _quantize_reference(x, fmt: BlockFormat, axis: int, rounding: str, g):
+    bits = ref.to_f32_bits(x)
+    g_bits = None if g is None else _broadcast_leading(lax.bitcast_convert_type(g, jnp.uint32), x.ndim)
+    if len(fmt.block) == 2:
+        blocked, mn = _blocked_2d(bits, fmt.block)
+        amax = ref.abs_max_bits(blocked, (-3, -1))
+        if g_bits is not None:
+            g_bits = g_bits[..., None, None]
+        codes, scale = _quantize_blocks(blocked, amax[..., :, None, :, None], fmt, rounding, g_bits)
+        data = _unblock_2d(codes, mn)
+    else:
+        blocked, k = _blocked_1d(bits, fmt.block[0], axis)
+        if g_bits is not None:
+            g_bits = g_bits[..., None]
+        amax = ref.abs_max_bits(blocked, -1)
+        codes, scale = _quantize_blocks(blocked, amax[..., None], fmt, rounding, g_bits)
+        scale = jnp.moveaxis(scale[..., 0], -1, axis)
+        data = _unblock_1d(codes, k, axis)
+    if len(fmt.block) == 2:
+        scale = scale[..., :, 0, :, 0]
+    return _codes_to_elements(data, fmt.elem_dtype), _scale_from_bits(scale, fmt)
+
+
+def _scale_from_bits(scale_bits, fmt: BlockFormat):
+    if fmt.scale_dtype == jnp.float32:
+        return lax.bitcast_convert_type(scale_bits.astype(jnp.uint32), jnp.float32)
+    return lax.bitcast_convert_type(scale_bits.astype(jnp.uint8), fmt.scale_dtype)
+
+
+def _scale_to_bits(scale):
+    if scale.dtype == jnp.float32:
+        return lax.bitcast_convert_type(scale, jnp.uint32)
+    return lax.bitcast_convert_type(scale, jnp.uint8).astype(jnp.uint32)
+
+
+def _fp4_packed(backend: str):
+    return np.int32(FP4_PACKED[backend])
+
+
+def _ffi_global_scale(g):
+    return jnp.ones((), jnp.float32) if g is None else g
+
+
+def _quantize_ffi(x, fmt: BlockFormat, axis: int, rounding: str, g, backend: str):
+    out = (jax.ShapeDtypeStruct(x.shape, fmt.elem_dtype),
+           jax.ShapeDtypeStruct(scale_shape(x.shape, fmt, axis), fmt.scale_dtype))
+    # broadcast_all puts vmap's batch dims first: the negative axis still names the same axis,
+    # and the handler gives each leading index of the global scale its own value.
+    return _ffi.ffi_call(QUANTIZE_TARGET, out, x, _ffi_global_scale(g), vmap_method="broadcast_all",
+                         format=np.int32(fmt.code), axis=np.int64(axis),
+                         scale_rounding=np.int32(_ROUNDING_CODES[rounding]), fp4_packed=_fp4_packed(backend))
+
+
+# --------------------------------------------------------------------------- dequantize
+_OUT_FORMATS = {jnp.dtype(jnp.float32): ref.F32, jnp.dtype(jnp.bfloat16): ref.BF16, jnp.dtype(jnp.float16): ref.F16}
+
+
+def dequantize(q: BlockScaledArray, dtype=jnp.float32, *, backend: str = "auto"):
+    """``data * scale (* global_scale)`` rounded once to ``dtype`` (float32, bfloat16, float16)."""
+    if not isinstance(q, BlockScaledArray):
+        raise TypeError(f"dequantize expects a jax_gpuext.BlockScaledArray, got {type(q).__name__}")
+    dtype = jnp.dtype(dtype)
+    if dtype not in _OUT_FORMATS:
+        raise TypeError(f"dequantize: dtype must be float32, bfloat16 or float16, got {dtype}")
+    fmt = q.format
+    expected = scale_shape(q.data.shape, fmt, q.axis)
+    if q.data.dtype != fmt.elem_dtype or q.scale.dtype != fmt.scale_dtype or q.scale.shape != expected:
+        raise ValueError(f"{fmt.name}: data {q.data.dtype}{list(q.data.shape)} and scale "
+                         f"{q.scale.dtype}{list(q.scale.shape)} do not match (expected data {fmt.elem_dtype}, "
+                         f"scale {fmt.scale_dtype}{list(expected)})")
+    if fmt.has_global_scale and q.global_scale is None:
+        raise ValueError(f"{fmt.name}: global_scale is missing")
+    sel = backends.select(DEQUANTIZE_OP, backend, problem=(fmt, q.data.shape, dtype))
+    if sel.chosen == "reference":
+        return _dequantize_reference(q, dtype)
+    out = jax.ShapeDtypeStruct(q.data.shape, dtype)
+    g = _ffi_global_scale(q.global_scale).astype(jnp.float32)
+    return _ffi.ffi_call(DEQUANTIZE_TARGET, out, q.data, q.scale, g, vmap_method="broadcast_all",
+                         format=np.int32(fmt.code), axis=np.int64(q.axis),
+                         fp4_packed=_fp4_packed(sel.chosen))
+
+
+def _expand_scale(scale, fmt: BlockFormat, axis: int, shape):
+    """Per-block values repeated to per-element, cropped to the logical shape."""
+    if len(fmt.block) == 2:
+        s = jnp.repeat(jnp.repeat(scale, fmt.block[0], axis=-2), fmt.block[1], axis=-1)
+        return s[..., : shape[-2], : shape[-1]]
+    s = jnp.repeat(scale, fmt.block[0], axis=axis)
+    return lax.slice_in_dim(s, 0, shape[axis], axis=axis % len(shape))
+
+
+def _dequantize_reference(q: BlockScaledArray, dtype):
+    fmt, out = q.format, _OUT_FORMATS[dtype]
+    codes = _elements_to_codes(q.data)
+    scale = _expand_scale(_scale_to_bits(q.scale), fmt, q.axis, q.data.shape)
+    if fmt.is_mx:
+        y = ref.mx_dequantize_blocks(codes, scale, "e4m3" if fmt is MXFP8_E4M3 else "e5m2", out)
+    elif fmt.has_global_scale:
+        g_bits = _broadcast_leading(lax.bitcast_convert_type(q.global_scale.astype(jnp.float32), jnp.uint32),
+                                    codes.ndim)
+        y = ref.nvfp4_dequantize_blocks(codes, scale, g_bits, out)
+    else:
+        y = ref.fp8_blockwise_dequantize_blocks(codes, scale, out)
+    if dtype == jnp.float32:
+        return lax.bitcast_convert_type(y, jnp.float32)
+    return lax.bitcast_convert_type(y.astype(jnp.uint16), dtype)
+
+
+# --------------------------------------------------------------------------- Blackwell scale layout
+def to_blackwell_scale_layout(scale):
+    """[..., R, C] scales -> the 128x4-tiled layout of Blackwell block-scaled MMA (cuDNN F8_128x4,
+    cuBLASLt VEC32_UE8M0 / VEC16_UE4M3): rows padded to 128, columns to 4 (padding is zero bits),
+    each 128x4 tile stored as [4 (row groups of 32)] x [32] x [4] interleaved (REFERENCE section 3:
+    [B, R/128, 4, 32, C/4, 4] transposed {0,1,4,3,2,5}). Returns [..., R_pad, C_pad] in that order."""
+    *lead, r, c = scale.shape
+    rp, cp = -(-r // 128) * 128, -(-c // 4) * 4
+    s = jnp.pad(scale, [(0, 0)] * len(lead) + [(0, rp - r), (0, cp - c)])
+    s = s.reshape(tuple(lead) + (rp // 128, 4, 32, cp // 4, 4))
+    n = len(lead)
+    perm = tuple(range(n)) + tuple(n + i for i in (0, 3, 2, 1, 4))
+    return s.transpose(perm).reshape(tuple(lead) + (rp, cp))
+
+
+def from_blackwell_scale_layout(tiled, shape):
+    """Inverse of :func:`to_blackwell_scale_layout`; ``shape`` is the unpadded [..., R, C]."""
+    *lead, rp, cp = tiled.shape
+    r, c = shape[-2], shape[-1]
+    if rp % 128 or cp % 4 or rp < r or cp < c:
+        raise ValueError(f"tiled scales {tiled.shape} do not hold a 128x4-padded layout of {tuple(shape)}")
+    s = tiled.reshape(tuple(lead) + (rp // 128, cp // 4, 32, 4, 4))
+    n = len(lead)
+    perm = tuple(range(n)) + tuple(n + i for i in (0, 3, 2, 1, 4))
+    return s.transpose(perm).reshape(tuple(lead) + (rp, cp))[..., :r, :c]
+
+
+# --------------------------------------------------------------------------- demo
+def demo_steps():
+    """One demo step per format: quantize, dequantize, error stats and the backend verdict."""
+    from jax_gpuext.explain import explain
+
+    def step(fmt):
+        def run():
+            x = jax.random.normal(jax.random.key(0), (256, 256), jnp.float32) * 3.0
+            f = jax.jit(lambda v: quantize(v, fmt).dequantize(jnp.float32))
+            y = f(x)
+            err = jnp.abs(y - x)
+            rel = float(jnp.linalg.norm(y - x) / jnp.linalg.norm(x))
+            q = quantize(x, fmt)
+            print(f"{fmt.name}: data {q.data.dtype}{list(q.data.shape)}, scale {q.scale.dtype}"
+                  f"{list(q.scale.shape)}; max |err| {float(err.max()):.4g}, relative L2 error {rel:.3e}")
+            print(explain(lambda v: quantize(v, fmt).dequantize(), x))
+        return run
+
+    return [(f"formats: quantize / dequantize {f.name}", step(f)) for f in FORMATS.values()]

@@ -1,0 +1,235 @@
+"""all_reduce (issue 6).
+
+CPU: the one_shot / two_shot protocols run between 8 host devices (tests/conftest.py sets
+--xla_force_host_platform_device_count=8) over the process-local heap, with a tiny workspace
+so that every message but the smallest runs in several chunks, and must equal lax.psum & co.
+GPU (skipped without one): scripts/run_allreduce_mps.sh runs 2 and 4 processes on one GPU
+under CUDA MPS and checks against NumPy.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import jax_gpuext
+from jax_gpuext import collectives
+
+N = 8
+REPO = pathlib.Path(__file__).resolve().parents[1]
+WORKSPACE_BYTES = 512  # per rank: 300 float64 = 2400 B run in many chunks
+SIZES = (0, 1, 37, 300)  # elements per device: empty, one, odd, larger than the workspace
+KERNELS = ("one_shot", "two_shot")
+
+DTYPES = ("float32", "bfloat16", "float16", "float64", "int8", "uint8", "int32", "uint32", "int64",
+          "uint64", "bool", "float8_e4m3fn", "float8_e5m2")
+OPS_BY_KIND = {"bool": ("and", "or", "max", "min"), "number": ("sum", "max", "min", "prod")}
+
+
+def _shard_map(f, mesh, in_specs, out_specs):
+    return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False))
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    if jax.device_count() < N:
+        pytest.fail(f"need {N} host devices, have {jax.device_count()}: XLA_FLAGS was set after jax started "
+                    "(tests/conftest.py sets --xla_force_host_platform_device_count=8)")
+    return jax.make_mesh((N,), ("i",), devices=jax.devices()[:N])
+
+
+@pytest.fixture(autouse=True)
+def small_workspace(monkeypatch):
+    monkeypatch.setenv(collectives.WORKSPACE_ENV, str(WORKSPACE_BYTES))
+    monkeypatch.setenv(collectives.TIMEOUT_ENV, "20")
+
+
+def _data(dtype: str, op: str, size: int, seed: int):
+    """Small integers: every sum/product is exact in float32, so results compare bit for bit."""
+    rng = np.random.default_rng(seed)
+    shape = (N, size)
+    if dtype == "bool":
+        return rng.random(shape) < 0.6
+    if op == "prod":
+        v = rng.choice([-2, -1, 1, 2], shape) if not dtype.startswith("uint") else rng.choice([1, 2, 3], shape)
+    elif op == "sum":
+        v = rng.integers(-3, 4, shape) if not dtype.startswith("uint") else rng.integers(0, 200, shape)
+    else:
+        v = rng.integers(-50, 51, shape) if not dtype.startswith("uint") else rng.integers(0, 250, shape)
+    return v.astype(np.float32).astype(jnp.dtype(dtype)) if "float" in dtype else v.astype(dtype)
+
+
+def _cases():
+    for dtype in DTYPES:
+        for op in OPS_BY_KIND["bool" if dtype == "bool" else "number"]:
+            yield pytest.param(dtype, op, id=f"{dtype}-{op}")
+
+
+@pytest.mark.parametrize("dtype,op", list(_cases()))
+def test_matches_xla_collective(mesh, dtype, op):
+    """Every algorithm x size in one jit per (dtype, op), against lax.psum/pmax/pmin."""
+    xs = [jax.device_put(_data(dtype, op, s, seed=s), NamedSharding(mesh, P("i"))) for s in SIZES]
+
+    def body(*locals_):
+        outs = []
+        for x in locals_:
+            outs += [jax_gpuext.all_reduce(x, "i", op=op, algorithm=a) for a in KERNELS]
+            outs.append(jax_gpuext.all_reduce(x, "i", op=op, algorithm="xla"))
+        return tuple(outs)
+
+    f = _shard_map(body, mesh, (P("i"),) * len(xs), (P("i"),) * (3 * len(xs)))
+    outs = f(*xs)
+    for k, size in enumerate(SIZES):
+        want = np.asarray(outs[3 * k + 2])
+        for j, algorithm in enumerate(KERNELS):
+            got = np.asarray(outs[3 * k + j])
+            assert got.dtype == want.dtype and got.shape == want.shape
+            np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8),
+                                          err_msg=f"{algorithm} {dtype} {op} size {size}")
+    # and the xla backend against the plain lax collective / NumPy
+    x = np.asarray(xs[-1])
+    direct = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}.get(op)
+    if direct is not None and dtype not in collectives._NARROW_FLOATS and dtype != "bool":
+        ref = _shard_map(lambda v: direct(v, "i"), mesh, P("i"), P("i"))(xs[-1])
+        np.testing.assert_array_equal(np.asarray(outs[-1]), np.asarray(ref))
+    if "float" in dtype and dtype != "float64":
+        acc = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min}[op](x.astype(np.float32), axis=0)
+        np.testing.assert_array_equal(np.asarray(outs[-1])[0].astype(np.float32),
+                                      acc.astype(jnp.dtype(dtype)).astype(np.float32))
+
+
+def test_random_float32_close_to_psum(mesh):
+    x = jax.device_put(np.random.default_rng(0).normal(size=(N, 1001)).astype(np.float32),
+                       NamedSharding(mesh, P("i")))
+    ref = _shard_map(lambda v: lax.psum(v, "i"), mesh, P("i"), P("i"))(x)
+    for algorithm in KERNELS:
+        got = _shard_map(lambda v: jax_gpuext.all_reduce(v, "i", algorithm=algorithm), mesh, P("i"), P("i"))(x)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=1e-5, atol=1e-5)
+        rows = np.asarray(got).reshape(N, -1)
+        assert (rows == rows[0]).all(), "every rank must hold the same bits"
+
+
+def test_two_axis_mesh_reduces_per_group():
+    mesh = jax.make_mesh((2, 4), ("a", "b"), devices=jax.devices()[:N])
+    x = jax.device_put(np.arange(8 * 6, dtype=np.int32).reshape(8, 6), NamedSharding(mesh, P(("a", "b"))))
+    for axis in ("a", "b"):
+        ref = _shard_map(lambda v: lax.psum(v, axis), mesh, P(("a", "b")), P(("a", "b")))(x)
+        for algorithm in KERNELS:
+            got = _shard_map(lambda v: jax_gpuext.all_reduce(v, axis, algorithm=algorithm), mesh,
+                             P(("a", "b")), P(("a", "b")))(x)
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(ref), err_msg=f"{axis} {algorithm}")
+
+
+def test_pmap_and_vmap(mesh):
+    x = np.arange(N * 3 * 5, dtype=np.float32).reshape(N, 3, 5)
+    got = jax.pmap(lambda v: jax.vmap(lambda r: jax_gpuext.all_reduce(r, "p", algorithm="one_shot"))(v),
+                   axis_name="p")(x)
+    np.testing.assert_array_equal(np.asarray(got), np.broadcast_to(x.sum(0), x.shape))
+
+
+@pytest.mark.parametrize("op", ["sum", "max", "prod"])
+def test_grad_like_lax(mesh, op):
+    x = jax.device_put(np.random.default_rng(1).normal(size=(N, 7)).astype(np.float32), NamedSharding(mesh, P("i")))
+
+    def loss(fn):
+        f = jax.shard_map(lambda v: jnp.sum(jnp.sin(fn(v)))[None], mesh=mesh, in_specs=P("i"), out_specs=P("i"),
+                          check_vma=False)
+        return jax.jit(jax.grad(lambda v: jnp.sum(f(v))))
+
+    ref_fn = {"sum": lambda v: lax.psum(v, "i"), "max": lambda v: lax.pmax(v, "i"),
+              "prod": lambda v: jnp.prod(lax.all_gather(v, "i"), axis=0)}[op]
+    if op == "max":  # lax.pmax is not differentiable: the reference is jnp.max over a gather
+        ref_fn = lambda v: jnp.max(lax.all_gather(v, "i"), axis=0)  # noqa: E731
+    got = loss(lambda v: jax_gpuext.all_reduce(v, "i", op=op, algorithm="two_shot"))(x)
+    want = loss(ref_fn)(x)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+
+
+def test_timeout_names_missing_pe(mesh):
+    """Device 3 skips the call: the others fail within the timeout and name PE 3; no hang."""
+    x = jax.device_put(np.ones((N, 16), np.float32), NamedSharding(mesh, P("i")))
+
+    def body(v):
+        return lax.cond(lax.axis_index("i") == 3, lambda u: u,
+                        lambda u: jax_gpuext.all_reduce(u, "i", algorithm="one_shot", timeout_s=0.5), v)
+
+    f = _shard_map(body, mesh, P("i"), P("i"))
+    t0 = time.perf_counter()
+    with pytest.raises(Exception, match=r"PEs \[3\] of group size 8 did not arrive"):
+        jax.block_until_ready(f(x))
+    assert time.perf_counter() - t0 < 15
+
+
+def test_explain_shows_cpu_fallback(mesh):
+    x = jax.device_put(np.ones((N, 4), np.float32), NamedSharding(mesh, P("i")))
+    f = _shard_map(lambda v: jax_gpuext.all_reduce(v, "i"), mesh, P("i"), P("i"))
+    ex = jax_gpuext.explain(f, x)
+    (call,) = ex.calls
+    assert call.op == "all_reduce" and call.chosen == "xla" and call.fallback
+    assert "auto uses XLA's all-reduce on CPU" in dict(call.rejected)["one_shot"]
+    assert "[FALLBACK]" in str(ex)
+    ex = jax_gpuext.explain(f, x, platform="cuda")  # no GPU/NVSHMEM here: the reason says which gate
+    assert ex.calls[0].chosen == "xla" and ex.calls[0].fallback
+
+
+def test_hlo_has_custom_call(mesh):
+    x = jax.device_put(np.ones((N, 4), np.float32), NamedSharding(mesh, P("i")))
+    hlo = _shard_map(lambda v: jax_gpuext.all_reduce(v, "i", algorithm="one_shot"), mesh, P("i"), P("i")).lower(
+        x).as_text()
+    assert "gpuext_all_reduce" in hlo
+    hlo = _shard_map(lambda v: jax_gpuext.all_reduce(v, "i", algorithm="xla"), mesh, P("i"), P("i")).lower(
+        x).as_text()
+    assert "gpuext_all_reduce" not in hlo
+
+
+def test_trace_time_errors(mesh):
+    def trace(fn, x):
+        return jax.make_jaxpr(jax.shard_map(fn, mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False))(x)
+
+    xf, xb = jnp.ones((N, 2)), jnp.ones((N, 2), bool)
+    with pytest.raises(ValueError, match="op must be one of"):
+        trace(lambda v: jax_gpuext.all_reduce(v, "i", op="mean"), xf)
+    with pytest.raises(ValueError, match="algorithm must be one of"):
+        trace(lambda v: jax_gpuext.all_reduce(v, "i", algorithm="ring"), xf)
+    with pytest.raises(TypeError, match="not defined for bool"):
+        trace(lambda v: jax_gpuext.all_reduce(v, "i"), xb)
+    with pytest.raises(TypeError, match="needs a bool operand"):
+        trace(lambda v: jax_gpuext.all_reduce(v, "i", op="or"), xf)
+    with pytest.raises(TypeError, match="int16"):
+        trace(lambda v: jax_gpuext.all_reduce(v, "i"), jnp.ones((N, 2), jnp.int16))
+    with pytest.raises(ValueError, match="timeout_s"):
+        trace(lambda v: jax_gpuext.all_reduce(v, "i", timeout_s=-1), xf)
+    with pytest.raises(ValueError, match="not bound"):
+        jax.make_jaxpr(lambda v: jax_gpuext.all_reduce(v, "i"))(xf)
+    with pytest.raises(jax_gpuext.UnsupportedError, match="nvshmem_library"):
+        trace(lambda v: jax_gpuext.all_reduce(v, "i", algorithm="nvshmem_library"), xf)
+
+
+def test_crossover_model():
+    assert collectives.one_shot_max_bytes(2) > 1 << 40
+    assert 128 << 10 <= collectives.one_shot_max_bytes(8) <= 512 << 10
+
+
+# --------------------------------------------------------------------------- GPU (one H100, MPS)
+@pytest.mark.gpu
+@pytest.mark.multiprocess
+@pytest.mark.gates("nvshmem", "nvshmem_allreduce_module")
+@pytest.mark.parametrize("nproc", [2, 4])
+@pytest.mark.parametrize("mode", ["plain", "command_buffer", "timeout"])
+def test_gpu_processes_under_mps(nproc, mode):
+    """scripts/run_allreduce_mps.sh starts an MPS daemon, runs nproc ranks, checks vs NumPy."""
+    script = REPO / "scripts" / "run_allreduce_mps.sh"
+    r = subprocess.run(["bash", str(script), str(nproc), mode], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "PYTHON": sys.executable})
+    assert r.returncode == 0, f"stdout:\n{r.stdout[-4000:]}\nstderr:\n{r.stderr[-4000:]}"
+    assert r.stdout.count("RANK OK") == nproc

@@ -1,0 +1,353 @@
+"""block_scaled_dot / scaled_dot_general (issue 4).
+
+The reference backend is checked against a float64 NumPy statement of the block-scaled math
+written here, independently of jax_gpuext.dot: sum_k l[m,k] s_l[m,k//b] r[n,k] s_r[n,k//b],
+times the global scales. GPU backends are checked against the reference (marked gpu).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jax_gpuext as gx
+from jax_gpuext import UnsupportedError, dot as dot_mod
+
+FORMATS_1D = [gx.MXFP8_E4M3, gx.MXFP8_E5M2, gx.NVFP4, gx.FP8_1x128]
+
+
+# --------------------------------------------------------------------------- float64 NumPy math
+def np_dequant(q) -> np.ndarray:
+    """data * per-element block scale in float64, by explicit block indices (no jnp.repeat)."""
+    data = np.asarray(q.data.astype(jnp.float32), np.float64)
+    scale = np.asarray(q.scale.astype(jnp.float32), np.float64)
+    nd = data.ndim
+    blocks = q.format.block
+    if len(blocks) == 2:
+        r = np.arange(data.shape[-2]) // blocks[0]
+        c = np.arange(data.shape[-1]) // blocks[1]
+        s = scale[..., r, :][..., c]
+    else:
+        ax = q.axis % nd
+        idx = np.arange(data.shape[ax]) // blocks[0]
+        s = np.take(scale, idx, axis=ax)
+    return data * s
+
+
+def np_block_scaled_dot(lhs, rhs, dn) -> np.ndarray:
+    (lc, rc), (lb, rb) = dn
+    out = lax.dot_general(jnp.zeros(lhs.data.shape, jnp.float32), jnp.zeros(rhs.data.shape, jnp.float32), dn)
+    l, r = np_dequant(lhs), np_dequant(rhs)
+    # generic dot_general in float64 via einsum letters
+    letters = iter("abcdefghijklmnopqrstuvwxyz")
+    ls = [next(letters) for _ in range(l.ndim)]
+    rs = [next(letters) for _ in range(r.ndim)]
+    for a, b in zip(lc + lb, rc + rb):
+        rs[b] = ls[a]
+    outs = [ls[d] for d in lb] + [ls[d] for d in range(l.ndim) if d not in lc and d not in lb] + \
+           [rs[d] for d in range(r.ndim) if d not in rc and d not in rb]
+    res = np.einsum(f"{''.join(ls)},{''.join(rs)}->{''.join(outs)}", l, r)
+    g = 1.0
+    for q in (lhs, rhs):
+        if q.global_scale is not None:
+            g *= float(q.global_scale)
+    assert res.shape == out.shape
+    return res * g, np.einsum(f"{''.join(ls)},{''.join(rs)}->{''.join(outs)}", np.abs(l), np.abs(r)) * abs(g)
+
+
+def assert_close_to_f64(y, want, mag, rtol=2e-6):
+    """fp32 accumulation: |error| <= rtol * sum_k |terms| (+ an ulp of the result)."""
+    y = np.asarray(y, np.float64)
+    bound = rtol * mag + 1e-6 * np.abs(want) + 1e-30
+    bad = np.abs(y - want) > bound
+    assert not bad.any(), f"max excess {np.max(np.abs(y - want) - bound)} at {np.argwhere(bad)[:3]}"
+
+
+def rand(key, shape, scale=1.0):
+    return jax.random.normal(jax.random.key(key), shape, jnp.float32) * scale
+
+
+# --------------------------------------------------------------------------- reference vs float64
+CASES = [  # (lhs shape, rhs shape, dimension numbers)
+    ((3, 5, 96), (3, 7, 96), (((2,), (2,)), ((0,), (0,)))),  # odd batch
+    ((1, 64), (9, 64), (((1,), (1,)), ((), ()))),  # M = 1
+    ((4, 2048), (6, 2048), (((1,), (1,)), ((), ()))),  # large K
+    ((2, 100), (100, 3), (((1,), (0,)), ((), ()))),  # partial block, rhs contracts axis 0
+    ((5, 3, 48), (5, 48, 4), (((2,), (1,)), ((0,), (0,)))),  # batch, rhs K in the middle
+]
+
+
+@pytest.mark.parametrize("fmt", FORMATS_1D, ids=lambda f: f.name)
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_reference_matches_float64(fmt, case):
+    ls, rs, dn = CASES[case]
+    (lc, rc), _ = dn
+    lhs = gx.quantize(rand(1, ls, 3.0), fmt, axis=lc[0])
+    rhs = gx.quantize(rand(2, rs, 0.5), fmt, axis=rc[0])
+    y = jax.jit(lambda a, b: gx.block_scaled_dot(a, b, dn, preferred_element_type=jnp.float32,
+                                                 backend="reference"))(lhs, rhs)
+    want, mag = np_block_scaled_dot(lhs, rhs, dn)
+    assert y.shape == want.shape and y.dtype == jnp.float32
+    assert_close_to_f64(y, want, mag)
+
+
+@pytest.mark.parametrize("rhs_shape,dn", [
+    ((256, 130), (((1,), (0,)), ((), ()))),  # weights (K, N), 2 x 2 blocks, partial N block
+    ((130, 256), (((1,), (1,)), ((), ()))),  # weights (N, K)
+])
+def test_fp8_blockwise_1x128_x_128x128(rhs_shape, dn):
+    lhs = gx.quantize(rand(3, (33, 256), 2.0), gx.FP8_1x128)
+    rhs = gx.quantize(rand(4, rhs_shape, 0.1), gx.FP8_128x128)
+    y = gx.block_scaled_dot(lhs, rhs, dn, preferred_element_type=jnp.float32)
+    want, mag = np_block_scaled_dot(lhs, rhs, dn)
+    assert_close_to_f64(y, want, mag)
+
+
+def test_default_dimension_numbers_and_output_dtypes():
+    lhs = gx.quantize(rand(5, (8, 64)), gx.MXFP8_E4M3)
+    rhs = gx.quantize(rand(6, (16, 64)), gx.MXFP8_E4M3)
+    y32 = gx.block_scaled_dot(lhs, rhs, preferred_element_type=jnp.float32)
+    for dt in (jnp.bfloat16, jnp.float16):
+        y = gx.block_scaled_dot(lhs, rhs, preferred_element_type=dt)
+        assert y.dtype == dt and y.shape == (8, 16)
+        # the fp32 accumulator is cast once
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(y32.astype(dt)))
+
+
+def test_nvfp4_global_scales_applied():
+    x, w = rand(7, (4, 64), 100.0), rand(8, (5, 64), 1e-3)
+    lhs = gx.quantize(x, gx.NVFP4, global_scale=jnp.float32(0.25))
+    rhs = gx.quantize(w, gx.NVFP4)
+    y = gx.block_scaled_dot(lhs, rhs, preferred_element_type=jnp.float32)
+    want, mag = np_block_scaled_dot(lhs, rhs, (((1,), (1,)), ((), ())))
+    assert_close_to_f64(y, want, mag)
+    np.testing.assert_allclose(np.asarray(y), np.asarray(x @ w.T), rtol=0.3, atol=0.05 * float(jnp.abs(x @ w.T).max()))
+
+
+@pytest.mark.gates("jax_scaled_matmul_cpu")
+@pytest.mark.parametrize("fmt", [gx.MXFP8_E4M3, gx.NVFP4], ids=lambda f: f.name)
+def test_matches_jax_nn_scaled_matmul(fmt):
+    lhs = gx.quantize(rand(9, (2, 16, 128)), fmt)
+    rhs = gx.quantize(rand(10, (2, 24, 128)), fmt)
+    dn = (((2,), (2,)), ((0,), (0,)))
+    ours = gx.block_scaled_dot(lhs, rhs, dn, preferred_element_type=jnp.float32)
+    theirs = jax.nn.scaled_matmul(lhs.data, rhs.data, lhs.scale, rhs.scale, preferred_element_type=jnp.float32)
+    if fmt.has_global_scale:
+        theirs = theirs * lhs.global_scale * rhs.global_scale
+    np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- scaled_dot_general
+DN_DENSE = (((1,), (0,)), ((), ()))
+
+
+def _np_grads(x, w, g, rec):
+    """The VJP stated independently: quantize the cotangent and the residuals along the
+    backward contracting axes, then float64 dots."""
+    q = functools.partial(gx.quantize, axis=-1)
+    # dx[m,k] = sum_n g[m,n] w[k,n]  (w is (K, N): contract N)
+    gq_n = q(g, rec.grad)
+    wq_n = q(w, rec.rhs_bwd) if not rec.rhs_bwd.name == "FP8_128x128" else gx.quantize(w, rec.rhs_bwd)
+    dx, _ = np_block_scaled_dot(gq_n, wq_n, (((1,), (1,)), ((), ())))
+    # dw[k,n] = sum_m x[m,k] g[m,n]  (contract M): quantize x^T and g^T along M
+    gq_m = q(g.T, rec.grad)
+    xq_m = q(x.T, rec.lhs_bwd)
+    dwt, _ = np_block_scaled_dot(gq_m, xq_m, (((1,), (1,)), ((), ())))  # (N, K)
+    return dx, dwt.T
+
+
+@pytest.mark.parametrize("fmt", [gx.MXFP8_E4M3, gx.NVFP4, (gx.FP8_1x128, gx.FP8_128x128)],
+                         ids=["mxfp8", "nvfp4", "fp8_blockwise"])
+def test_grads_match_reference_vjp(fmt):
+    x, w = rand(11, (24, 256)), rand(12, (256, 40), 0.05)
+    g = rand(13, (24, 40))
+    f = lambda x, w: gx.scaled_dot_general(x, w, DN_DENSE, preferred_element_type=jnp.float32, format=fmt)
+    y, vjp = jax.vjp(jax.jit(f), x, w)
+    dx, dw = vjp(g)
+    rec = dot_mod.recipe(fmt)
+    want_dx, want_dw = _np_grads(x, w, g, rec)
+    np.testing.assert_allclose(np.asarray(dx), want_dx, rtol=1e-4, atol=1e-4 * np.abs(want_dx).max())
+    np.testing.assert_allclose(np.asarray(dw), want_dw, rtol=1e-4, atol=1e-4 * np.abs(want_dw).max())
+    # and all of it approximates the high-precision dot and its VJP
+    for got, exact in ((y, x @ w), (dx, g @ w.T), (dw, x.T @ g)):
+        rel = float(jnp.linalg.norm(got - exact) / jnp.linalg.norm(exact))
+        assert rel < (0.2 if fmt is gx.NVFP4 else 0.08), rel
+
+
+def test_recipe_defaults():
+    r = dot_mod.recipe(gx.MXFP8_E4M3)
+    assert (r.grad, r.lhs_bwd, r.rhs_bwd) == (gx.MXFP8_E5M2, gx.MXFP8_E4M3, gx.MXFP8_E4M3)
+    r = dot_mod.recipe(gx.NVFP4)  # NVFP4 forward, MXFP8 backward (documented)
+    assert (r.grad, r.lhs_bwd, r.rhs_bwd) == (gx.MXFP8_E5M2, gx.MXFP8_E4M3, gx.MXFP8_E4M3)
+    r = dot_mod.recipe((gx.FP8_1x128, gx.FP8_128x128))
+    assert (r.grad, r.lhs_bwd, r.rhs_bwd) == (gx.FP8_1x128, gx.FP8_1x128, gx.FP8_128x128)
+
+
+def test_scaled_dot_general_batch_dims_vmap_and_jit():
+    x, w = rand(14, (3, 5, 64)), rand(15, (3, 64, 6))
+    dn = (((2,), (1,)), ((0,), (0,)))
+    y = jax.jit(lambda a, b: gx.scaled_dot_general(a, b, dn))(x, w)
+    assert y.shape == (3, 5, 6) and y.dtype == jnp.float32
+    yv = jax.vmap(lambda a, b: gx.scaled_dot_general(a, b, DN_DENSE))(x, w)
+    np.testing.assert_allclose(np.asarray(yv), np.asarray(y), rtol=1e-6, atol=1e-6)
+    gv = jax.vmap(jax.grad(lambda a, b: gx.scaled_dot_general(a, b, DN_DENSE).sum()))(x, w)
+    assert gv.shape == x.shape and bool(jnp.all(jnp.isfinite(gv)))
+
+
+def test_scaled_dot_general_bf16_and_multi_free_dims():
+    x = rand(16, (2, 3, 64)).astype(jnp.bfloat16)  # two free dims on lhs, as in flax Dense on (B, T, D)
+    w = rand(17, (64, 8)).astype(jnp.bfloat16)
+    y = gx.scaled_dot_general(x, w, (((2,), (0,)), ((), ())))
+    assert y.shape == (2, 3, 8) and y.dtype == jnp.bfloat16
+    exact = jnp.einsum("btd,dn->btn", x.astype(jnp.float32), w.astype(jnp.float32))
+    assert float(jnp.linalg.norm(y.astype(jnp.float32) - exact) / jnp.linalg.norm(exact)) < 0.08
+
+
+def test_shard_map():
+    from jax.sharding import Mesh, PartitionSpec as P
+
+    try:
+        from jax import shard_map
+    except ImportError:
+        from jax.experimental.shard_map import shard_map
+    mesh = Mesh(np.array(jax.devices()[:1]), ("d",))
+    x, w = rand(18, (8, 64)), rand(19, (64, 4))
+    f = shard_map(lambda a, b: gx.scaled_dot_general(a, b, DN_DENSE), mesh=mesh,
+                  in_specs=(P("d", None), P(None, None)), out_specs=P("d", None))
+    np.testing.assert_allclose(np.asarray(jax.jit(f)(x, w)), np.asarray(gx.scaled_dot_general(x, w, DN_DENSE)),
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_flax_drop_in():
+    nnx = pytest.importorskip("flax.nnx")
+    dg = functools.partial(gx.scaled_dot_general, format=gx.MXFP8_E4M3)
+    layer = nnx.Linear(64, 16, dot_general=dg, rngs=nnx.Rngs(0))
+    x = rand(20, (4, 64))
+    y = layer(x)
+    exact = x @ layer.kernel.value + layer.bias.value
+    assert float(jnp.linalg.norm(y - exact) / jnp.linalg.norm(exact)) < 0.08
+    grads = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(layer)
+    assert grads.kernel.value.shape == (64, 16)
+
+
+# --------------------------------------------------------------------------- errors
+def test_errors_name_arguments_shapes_and_dtypes():
+    a = gx.quantize(rand(21, (4, 64)), gx.MXFP8_E4M3)
+    b = gx.quantize(rand(22, (8, 64)), gx.MXFP8_E4M3)
+    with pytest.raises(TypeError, match="lhs must be a jax_gpuext.BlockScaledArray"):
+        gx.block_scaled_dot(rand(0, (4, 64)), b)
+    with pytest.raises(ValueError, match=r"NVFP4 \(rhs\) cannot be mixed"):
+        gx.block_scaled_dot(a, gx.quantize(rand(23, (8, 64)), gx.NVFP4))
+    with pytest.raises(ValueError, match="contracting sizes differ"):
+        gx.block_scaled_dot(a, gx.quantize(rand(24, (8, 96)), gx.MXFP8_E4M3))
+    with pytest.raises(ValueError, match="quantized along axis"):
+        gx.block_scaled_dot(a, gx.quantize(rand(25, (64, 8)), gx.MXFP8_E4M3, axis=-1), (((1,), (0,)), ((), ())))
+    with pytest.raises(TypeError, match="preferred_element_type"):
+        gx.block_scaled_dot(a, b, preferred_element_type=jnp.int32)
+    with pytest.raises(ValueError, match="exactly one contracting"):
+        gx.scaled_dot_general(rand(0, (4, 2, 8)), rand(1, (2, 8, 3)), (((1, 2), (0, 1)), ((), ())))
+    with pytest.raises(TypeError, match="lhs must be float"):
+        gx.scaled_dot_general(jnp.ones((4, 64), jnp.int32), rand(1, (64, 3)), DN_DENSE)
+    with pytest.raises(ValueError, match="contracting sizes differ"):
+        gx.scaled_dot_general(rand(0, (4, 64)), rand(1, (32, 3)), DN_DENSE)
+    with pytest.raises(ValueError, match="FP8_128x128 is a weight"):
+        gx.scaled_dot_general(rand(0, (4, 64)), rand(1, (64, 3)), DN_DENSE, format=gx.FP8_128x128)
+    with pytest.raises(UnsupportedError, match="cublaslt"):
+        with jax_gpuext_platform("cuda"):
+            gx.block_scaled_dot(a, b, backend="cublaslt")
+
+
+def jax_gpuext_platform(name):
+    from jax_gpuext import backends
+
+    return backends.platform(name)
+
+
+def test_explain_shows_the_backend():
+    a = gx.quantize(rand(26, (4, 64)), gx.MXFP8_E4M3)
+    b = gx.quantize(rand(27, (8, 64)), gx.MXFP8_E4M3)
+    ex = gx.explain(lambda p, q: gx.block_scaled_dot(p, q), a, b)
+    calls = [c for c in ex.calls if c.op == "block_scaled_dot"]
+    assert len(calls) == 1 and calls[0].chosen == "reference"
+    ex = gx.explain(lambda p, q: gx.block_scaled_dot(p, q), a, b, platform="cuda")
+    (call,) = [c for c in ex.calls if c.op == "block_scaled_dot"]
+    assert [n for n, _ in call.rejected] == ["cudnn", "cublaslt", "hopper_mx"]
+    assert "block_scaled_dot" in str(ex)
+
+
+def test_backend_order():
+    from jax_gpuext import backends
+
+    names = [b.name for b in backends.backends("block_scaled_dot")]
+    assert names == ["cudnn", "cublaslt", "hopper_mx", "reference"]
+
+
+def test_demo_steps_run(capsys):
+    for _, step in dot_mod.demo_steps():
+        step()
+    assert "block_scaled_dot" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- GPU (run on an H100 / B200)
+def _gpu_case(fmt_l, fmt_r, m=256, n=512, k=1024):
+    lhs = gx.quantize(rand(30, (m, k)), fmt_l)
+    rhs = gx.quantize(rand(31, (n, k), 0.1), fmt_r)
+    return lhs, rhs
+
+
+GPU_FORMATS = [
+    pytest.param(gx.FP8_1x128, gx.FP8_128x128, "cublaslt", marks=pytest.mark.gates("hopper", "cublaslt_dot_built"),
+                 id="cublaslt-fp8-1x128x128x128"),
+    pytest.param(gx.FP8_1x128, gx.FP8_1x128, "cublaslt", marks=pytest.mark.gates("hopper", "cublaslt_dot_built"),
+                 id="cublaslt-fp8-1x128x1x128"),
+    pytest.param(gx.MXFP8_E4M3, gx.MXFP8_E4M3, "cublaslt",
+                 marks=pytest.mark.gates("blackwell", "cublaslt_dot_built"), id="cublaslt-mxfp8"),
+    pytest.param(gx.NVFP4, gx.NVFP4, "cublaslt", marks=pytest.mark.gates("blackwell", "cublaslt_dot_built"),
+                 id="cublaslt-nvfp4"),
+    pytest.param(gx.MXFP8_E4M3, gx.MXFP8_E4M3, "cudnn", marks=pytest.mark.gates("blackwell", "cudnn_dot_built"),
+                 id="cudnn-mxfp8"),
+    pytest.param(gx.NVFP4, gx.NVFP4, "cudnn", marks=pytest.mark.gates("blackwell", "cudnn_dot_built"),
+                 id="cudnn-nvfp4"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt_l,fmt_r,backend", GPU_FORMATS)
+def test_gpu_backend_matches_reference(fmt_l, fmt_r, backend):
+    lhs, rhs = _gpu_case(fmt_l, fmt_r)
+    f = jax.jit(lambda a, b: gx.block_scaled_dot(a, b, preferred_element_type=jnp.float32, backend=backend))
+    ref = gx.block_scaled_dot(lhs, rhs, preferred_element_type=jnp.float32, backend="reference")
+    np.testing.assert_allclose(np.asarray(f(lhs, rhs)), np.asarray(ref), rtol=1e-3,
+                               atol=1e-3 * float(jnp.abs(ref).max()))
+    hlo = f.lower(lhs, rhs).compile().as_text()
+    assert f"gpuext_block_scaled_dot_{backend}" in hlo
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt_l,fmt_r,backend", GPU_FORMATS[:1] + GPU_FORMATS[2:3])
+@pytest.mark.parametrize("command_buffer", ["", "CUSTOM_CALL"])
+def test_gpu_command_buffer(fmt_l, fmt_r, backend, command_buffer):
+    lhs, rhs = _gpu_case(fmt_l, fmt_r)
+    opts = {"xla_gpu_enable_command_buffer": command_buffer, "xla_gpu_graph_min_graph_size": 1}
+    f = jax.jit(lambda a, b: gx.block_scaled_dot(a, b, preferred_element_type=jnp.float32, backend=backend),
+                compiler_options=opts)
+    ref = gx.block_scaled_dot(lhs, rhs, preferred_element_type=jnp.float32, backend="reference")
+    for _ in range(3):  # replays of the recorded graph must give the same answer
+        np.testing.assert_allclose(np.asarray(f(lhs, rhs)), np.asarray(ref), rtol=1e-3,
+                                   atol=1e-3 * float(jnp.abs(ref).max()))
+
+
+@pytest.mark.gpu
+@pytest.mark.gates("hopper", "cublaslt_dot_built")
+def test_gpu_training_step_uses_cublaslt():
+    x, w = rand(32, (256, 512)), rand(33, (512, 256), 0.05)
+    fmt = (gx.FP8_1x128, gx.FP8_128x128)
+    f = jax.jit(jax.grad(lambda w: jnp.sum(gx.scaled_dot_general(x, w, DN_DENSE, format=fmt) ** 2)))
+    ref = jax.grad(lambda w: jnp.sum(gx.scaled_dot_general(x, w, DN_DENSE, format=fmt, backend="reference") ** 2))
+    np.testing.assert_allclose(np.asarray(f(w)), np.asarray(ref(w)), rtol=2e-2, atol=2e-2 * float(jnp.abs(ref(w)).max()))
+    assert f.lower(w).compile().as_text().count("gpuext_block_scaled_dot_cublaslt") >= 3

@@ -1,0 +1,307 @@
+"""Block-scaled formats: bit-exact against an independent float64 NumPy statement of the rules
+(tests/_formats_numpy.py), CPU handler == jnp reference bit for bit, special values, partial
+blocks, jit/vmap, lowering and errors. CUDA comparisons live in test_formats_gpu.py."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import _formats_numpy as npref
+import jax_gpuext as gx
+from jax_gpuext import formats
+
+FORMATS = list(formats.FORMATS.values())
+IDS = [f.name for f in FORMATS]
+DTYPES = [np.float32, ml_dtypes.bfloat16, np.float16]
+ELEM = {"e4m3": npref.E4M3, "e5m2": npref.E5M2, "e2m1": npref.E2M1}
+
+
+# --------------------------------------------------------------------------- inputs
+def random_blocks(seed, nblocks, block_shape, dtype):
+    """nblocks blocks of block_shape, each with its own binary exponent spanning the dtype's range
+    (subnormal blocks included), elements spread over 2**-12 .. 2**0 of it, plus special blocks:
+    all zero, largest finite, -largest finite, NaN, +Inf, -Inf, subnormals mixed with zeros."""
+    rng = np.random.default_rng(seed)
+    fi = ml_dtypes.finfo(dtype)
+    lo, hi = int(np.log2(float(fi.smallest_subnormal))) - 2, int(np.log2(float(fi.max))) + 1
+    n = int(np.prod(block_shape))
+    exps = rng.integers(lo, hi, size=(nblocks, 1))
+    v = rng.standard_normal((nblocks, n)) * np.ldexp(1.0, rng.integers(-12, 1, size=(nblocks, n)))
+    x = np.clip(np.ldexp(v, exps), -float(fi.max), float(fi.max))
+    specials = {0: 0.0, 1: float(fi.max), 2: -float(fi.max), 3: np.nan, 4: np.inf, 5: -np.inf}
+    for i, val in specials.items():
+        if i < 3:
+            x[i] = val
+        else:
+            x[i, rng.integers(n)] = val
+    x[6] = np.where(rng.random(n) < 0.5, 0.0, rng.integers(-5, 6, n) * float(fi.smallest_subnormal))
+    x = x.astype(dtype)
+    return x.reshape((nblocks,) + tuple(block_shape))
+
+
+def as_bits(a):
+    a = np.asarray(a)
+    return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
+
+
+def elem_bits(values, fmt):
+    return as_bits(np.asarray(values).astype(fmt.elem_dtype))
+
+
+def scale_bits(scale, fmt):
+    s = np.asarray(scale, np.float64)
+    if fmt.is_mx:  # scale holds the exponent
+        return np.where(np.isnan(s), 0xFF, np.nan_to_num(s) + 127).astype(np.uint8)
+    if fmt.scale_dtype == np.float32:
+        return np.where(np.isnan(s), np.uint32(0x7FC00000), s.astype(np.float32).view(np.uint32))
+    return np.where(np.isnan(s), np.uint8(0x7F), np.nan_to_num(s).astype(ml_dtypes.float8_e4m3fn).view(np.uint8))
+
+
+# --------------------------------------------------------------------------- numpy expectation
+def expected_quantize(x, fmt, axis=-1, rounding="up", g=None):
+    """-> (element values float64 [x.shape], scale per block, g) following docs/formats.md."""
+    if fmt is gx.FP8_128x128:
+        xb, mn = npref.blocks_2d(x)
+        data, scale = npref.fp8_blockwise(xb, (-3, -1))
+        return npref.unblock_2d(np.broadcast_to(data, xb.shape), mn), scale[..., :, 0, :, 0], None
+    xb, k = npref.blocks_1d(x, fmt.block[0], axis)
+    if fmt.is_mx:
+        data, scale = npref.mx(xb, ELEM["e4m3" if fmt is gx.MXFP8_E4M3 else "e5m2"], rounding)
+    elif fmt is gx.NVFP4:
+        g = npref.nvfp4_global_scale(x) if g is None else np.float32(g)
+        data, scale = npref.nvfp4(xb, g)
+    else:
+        data, scale = npref.fp8_blockwise(xb, -1)
+    data = np.broadcast_to(data, xb.shape)
+    return npref.unblock_1d(data, k, axis), np.moveaxis(scale[..., 0], -1, axis), g
+
+
+def expected_dequantize(values, scale, fmt, out_dtype, axis=-1, g=None):
+    shape = values.shape
+    if fmt is gx.FP8_128x128:
+        s = np.repeat(np.repeat(scale, 128, -2), 128, -1)[..., : shape[-2], : shape[-1]]
+    else:
+        s = np.take(np.repeat(scale, fmt.block[0], axis), np.arange(shape[axis]), axis)
+    return npref.dequant(values, s, out_dtype, g=g, power_of_two=fmt.is_mx)
+
+
+def block_shape(fmt):
+    return (5, 6) if fmt is gx.FP8_128x128 else (4 * fmt.block[0],)
+
+
+@functools.cache
+def quantizer(fmt, backend, axis=-1, rounding="up"):
+    return jax.jit(lambda x: gx.quantize(x, fmt, axis=axis, scale_rounding=rounding, backend=backend))
+
+
+@functools.cache
+def dequantizer(backend, dtype):
+    return jax.jit(lambda q: gx.dequantize(q, dtype, backend=backend))
+
+
+def assert_bits_equal(actual, expected, what):
+    a, e = as_bits(actual), np.asarray(expected)
+    bad = np.flatnonzero(a.ravel() != e.ravel())
+    assert bad.size == 0, f"{what}: {bad.size} of {a.size} differ, first at {bad[:5]}: {a.ravel()[bad[:5]]} vs {e.ravel()[bad[:5]]}"
+
+
+# --------------------------------------------------------------------------- bit exactness
+NBLOCKS = 10_000
+
+
+@pytest.fixture(scope="module")
+def big_inputs():
+    # 1-D formats: 10,000 rows of 4 blocks; FP8_128x128: 10,000 (partial) 5x6 blocks
+    return {f.name: random_blocks(i, NBLOCKS, block_shape(f), np.float32) for i, f in enumerate(FORMATS)}
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_quantize_bit_exact_10k_blocks(fmt, backend, big_inputs):
+    x = big_inputs[fmt.name]
+    q = quantizer(fmt, backend)(x)
+    values, scale, g = expected_quantize(x, fmt)
+    assert_bits_equal(q.data, elem_bits(values, fmt), f"{fmt.name} data")
+    assert_bits_equal(q.scale, scale_bits(scale, fmt), f"{fmt.name} scale")
+    if g is not None:
+        assert as_bits(q.global_scale) == as_bits(np.float32(g))
+    y = dequantizer(backend, jnp.float32)(q)
+    expected = expected_dequantize(np.asarray(q.data).astype(np.float64), scale, fmt, np.float32, g=g)
+    assert_bits_equal(y, as_bits(expected), f"{fmt.name} dequantized")
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
+@pytest.mark.parametrize("dtype", DTYPES[1:], ids=["bfloat16", "float16"])
+def test_half_inputs_and_outputs_bit_exact(fmt, dtype):
+    x = random_blocks(7, 400, block_shape(fmt), dtype)
+    values, scale, g = expected_quantize(x, fmt)
+    for backend in ("reference", "cpu"):
+        q = quantizer(fmt, backend)(x)
+        assert_bits_equal(q.data, elem_bits(values, fmt), f"{fmt.name} {backend} data")
+        assert_bits_equal(q.scale, scale_bits(scale, fmt), f"{fmt.name} {backend} scale")
+        y = dequantizer(backend, dtype)(q)
+        expected = expected_dequantize(np.asarray(q.data).astype(np.float64), scale, fmt, dtype, g=g)
+        assert_bits_equal(y, as_bits(expected), f"{fmt.name} {backend} dequantized to {np.dtype(dtype).name}")
+
+
+@pytest.mark.parametrize("fmt", [gx.MXFP8_E4M3, gx.MXFP8_E5M2], ids=["MXFP8_E4M3", "MXFP8_E5M2"])
+def test_ocp_rounding_bit_exact(fmt):
+    x = random_blocks(3, 2000, block_shape(fmt), np.float32)
+    values, scale, _ = expected_quantize(x, fmt, rounding="ocp")
+    for backend in ("reference", "cpu"):
+        q = quantizer(fmt, backend, rounding="ocp")(x)
+        assert_bits_equal(q.data, elem_bits(values, fmt), f"{fmt.name} {backend} ocp data")
+        assert_bits_equal(q.scale, scale_bits(scale, fmt), f"{fmt.name} {backend} ocp scale")
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
+def test_partial_blocks_and_axes(fmt):
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((3, 150, 131)) * 10).astype(np.float32)
+    axes = [-1] if fmt is gx.FP8_128x128 else [-1, 1]
+    for axis in axes:
+        values, scale, g = expected_quantize(x, fmt, axis=axis)
+        for backend in ("reference", "cpu"):
+            q = quantizer(fmt, backend, axis=axis)(x)
+            assert q.data.shape == x.shape and q.scale.shape == formats.scale_shape(x.shape, fmt, axis)
+            assert_bits_equal(q.data, elem_bits(values, fmt), f"{fmt.name} axis={axis} {backend}")
+            assert_bits_equal(q.scale, scale_bits(scale, fmt), f"{fmt.name} axis={axis} {backend} scale")
+            y = dequantizer(backend, jnp.float32)(q)
+            expected = expected_dequantize(np.asarray(q.data).astype(np.float64), scale, fmt, np.float32, axis, g)
+            assert_bits_equal(y, as_bits(expected), f"{fmt.name} axis={axis} {backend} dequantized")
+
+
+# --------------------------------------------------------------------------- semantics
+@pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
+def test_special_values(fmt):
+    """A block holding NaN or Inf dequantizes to NaN; all-zero blocks to zeros; others stay finite."""
+    b = 128 if fmt is gx.FP8_128x128 else fmt.block[0]
+    x = np.ones((256, 256), np.float32)
+    x[0, 1], x[1, 3] = np.nan, -np.inf
+    x[128:, 128:] = 0.0
+    special = np.zeros(x.shape, bool)
+    if fmt is gx.FP8_128x128:
+        special[:128, :128] = True
+    else:
+        special[:2, :b] = True
+    for backend in ("reference", "cpu"):
+        y = np.asarray(dequantizer(backend, jnp.float32)(quantizer(fmt, backend)(x)))
+        assert np.isnan(y[special]).all() and not np.isnan(y[~special]).any()
+        assert (y[128:, 128:] == 0).all() and (y[~special] != 0).sum() == (x[~special] != 0).sum()
+
+
+def test_nvfp4_global_scale_given_and_invalid():
+    x = np.linspace(-3, 3, 64, dtype=np.float32).reshape(2, 32)
+    values, scale, _ = expected_quantize(x, gx.NVFP4, g=0.01)
+    for backend in ("reference", "cpu"):
+        f = jax.jit(functools.partial(lambda v, g, b: gx.quantize(v, gx.NVFP4, global_scale=g, backend=b), b=backend))
+        q = f(x, np.float32(0.01))
+        assert_bits_equal(q.data, elem_bits(values, gx.NVFP4), f"nvfp4 g=0.01 {backend}")
+        assert_bits_equal(q.scale, scale_bits(scale, gx.NVFP4), f"nvfp4 g=0.01 {backend} scale")
+        for bad in (0.0, -1.0, np.inf, 1e-40):
+            y = dequantizer(backend, jnp.float32)(f(x, np.float32(bad)))
+            assert np.isnan(np.asarray(y)).all(), (backend, bad)
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
+def test_round_trip_error_bound(fmt):
+    """|x - deq(q(x))| <= 2**-(mbits+1) * block scale * 2**ceil(log2 amax/scale) (half an ulp at the
+    block's top binade; docs/formats.md), checked as a relative bound against the block amax."""
+    x = np.random.default_rng(5).standard_normal((64, 256)).astype(np.float32) * 4
+    y = np.asarray(gx.dequantize(gx.quantize(x, fmt)))
+    mbits = {gx.NVFP4: 1, gx.MXFP8_E5M2: 2}.get(fmt, 3)
+    if fmt is gx.FP8_128x128:
+        amax = np.abs(x).reshape(1, 64, 2, 128).max(axis=(1, 3), keepdims=True)
+        amax = np.broadcast_to(amax, (1, 64, 2, 128)).reshape(64, 256)
+    else:
+        b = fmt.block[0]
+        amax = np.repeat(np.abs(x).reshape(64, -1, b).max(-1), b, -1)
+    # elements of the top binade of a block are rounded with a step of 2**-mbits relative to it
+    bound = amax * 2.0 ** -mbits * (0.5 if fmt is gx.NVFP4 else 1)
+    assert (np.abs(y - x) <= bound).all()
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_jit_vmap_and_pytree(backend):
+    """vmap == a loop of single calls, bit for bit; NVFP4 gets one global scale per example."""
+    x = np.random.default_rng(2).standard_normal((3, 4, 64)).astype(np.float32)
+    x[1] *= 1000.0
+    for fmt in FORMATS:
+        qv = jax.jit(jax.vmap(lambda v: gx.quantize(v, fmt, backend=backend)))(x)
+        per = [quantizer(fmt, backend)(x[i]) for i in range(3)]
+        for name in ("data", "scale", "global_scale"):
+            if getattr(per[0], name) is not None:
+                want = np.stack([as_bits(getattr(p, name)) for p in per])
+                assert_bits_equal(getattr(qv, name), want, f"{fmt.name} vmap {name} {backend}")
+        want = np.stack([as_bits(dequantizer(backend, jnp.float32)(p)) for p in per])
+        yv = jax.jit(jax.vmap(lambda q: gx.dequantize(q, backend=backend)))(qv)
+        assert_bits_equal(yv, want, f"{fmt.name} vmap dequantize {backend}")
+        assert_bits_equal(dequantizer(backend, jnp.float32)(qv), want, f"{fmt.name} batched dequantize {backend}")
+        leaves, tree = jax.tree_util.tree_flatten(qv)
+        assert len(leaves) == (3 if fmt.has_global_scale else 2)
+        assert jax.tree_util.tree_unflatten(tree, leaves).format is fmt
+
+
+def test_blackwell_scale_layout_round_trip():
+    s = jnp.arange(3 * 130 * 7, dtype=jnp.int32).reshape(3, 130, 7)
+    t = gx.to_blackwell_scale_layout(s)
+    assert t.shape == (3, 256, 8)
+    # tiles are stored one after another (512 entries each); (row r, col c) of a 128x4 tile sits
+    # at 16*(r%32) + 4*(r//32) + c within it (cuBLAS "1D block scaling factors layout")
+    tile = np.asarray(t[0]).reshape(-1)[:512]
+    r, c = 37, 2
+    assert tile[16 * (r % 32) + 4 * (r // 32) + c] == np.asarray(s)[0, r, c]
+    np.testing.assert_array_equal(gx.from_blackwell_scale_layout(t, s.shape), s)
+
+
+# --------------------------------------------------------------------------- lowering, dispatch, errors
+@pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
+def test_lowered_hlo_names_our_custom_calls(fmt, monkeypatch):
+    x = jnp.ones((4, 256), jnp.float32)
+    f = lambda v: gx.quantize(v, fmt).dequantize(jnp.bfloat16)  # noqa: E731
+    text = jax.jit(f).lower(x).as_text()
+    assert "gpuext_quantize" in text and "gpuext_dequantize" in text
+    monkeypatch.setenv("JAX_GPUEXT_FORCE_REFERENCE", "quantize,dequantize")
+    jax.clear_caches()
+    text = jax.jit(f).lower(x).as_text()
+    assert "gpuext_quantize" not in text and "gpuext_dequantize" not in text
+
+
+def test_explain_shows_the_choice():
+    e = gx.explain(lambda v: gx.quantize(v, gx.MXFP8_E4M3).dequantize(), jnp.ones((2, 64)))
+    assert [c.op for c in e.calls] == ["quantize", "dequantize"]
+    assert e.calls[0].chosen == ("cuda" if e.platform == "cuda" else "cpu")
+    assert "reference" in dict(e.calls[0].rejected)
+
+
+def test_errors():
+    x = jnp.ones((4, 64), jnp.float32)
+    with pytest.raises(ValueError, match="axis 2 is out of range.*shape \\(4, 64\\)"):
+        gx.quantize(x, gx.MXFP8_E4M3, axis=2)
+    with pytest.raises(ValueError, match="axis must be -1"):
+        gx.quantize(x, gx.FP8_128x128, axis=0)
+    with pytest.raises(TypeError, match="float32, bfloat16 or float16, got int32"):
+        gx.quantize(jnp.ones((4, 64), jnp.int32), gx.MXFP8_E4M3)
+    with pytest.raises(ValueError, match="global_scale must be a scalar.*\\(2,\\)"):
+        gx.quantize(x, gx.NVFP4, global_scale=jnp.ones(2))
+    with pytest.raises(ValueError, match="has no global scale"):
+        gx.quantize(x, gx.MXFP8_E4M3, global_scale=1.0)
+    with pytest.raises(ValueError, match="unknown block format 'MXFP6'"):
+        gx.quantize(x, "MXFP6")
+    with pytest.raises(TypeError, match="BlockFormat"):
+        gx.quantize(x, 3)
+    with pytest.raises(ValueError, match="'ocp'.*NVFP4"):
+        gx.quantize(x, gx.NVFP4, scale_rounding="ocp")
+    with pytest.raises(ValueError, match="scale_rounding must be one of"):
+        gx.quantize(x, gx.MXFP8_E4M3, scale_rounding="down")
+    with pytest.raises(ValueError, match="rank >= 2"):
+        gx.quantize(jnp.ones(128), gx.FP8_128x128)
+    with pytest.raises(TypeError, match="dtype must be float32, bfloat16 or float16"):
+        gx.dequantize(gx.quantize(x, gx.MXFP8_E4M3), jnp.int8)
+    assert gx.quantize(x, "NVFP4").format is gx.NVFP4

@@ -1,0 +1,69 @@
+"""CUDA kernels == jnp reference, bit for bit (run under JAX_GPUEXT_REQUIRE_GPU=1 on a GPU
+machine; skipped elsewhere), and the float4_e2m1fn device-buffer layout XLA uses."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_gpuext as gx
+from jax_gpuext import formats
+from test_formats import DTYPES, FORMATS, IDS, as_bits, assert_bits_equal, block_shape, random_blocks
+
+pytestmark = pytest.mark.gpu
+
+
+def test_float4_buffer_layout():
+    """Reads an XLA-made float4 array through gpuext_dequantize assuming the *packed* layout:
+    reading n/2 bytes is in bounds whichever layout XLA uses. If the values come back, XLA packs
+    (and FP4_PACKED['cuda'] must be True); else it is one per byte and must be False."""
+    dev = jax.devices("cuda")[0]
+    codes = np.arange(4096) % 16
+    values = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], np.float32)[codes]
+    data = jax.device_put(jnp.asarray(values.reshape(1, -1)).astype(jnp.float4_e2m1fn), dev)
+    scale = jax.device_put(jnp.full((1, 4096 // 16), 0x38, jnp.uint8).view(jnp.float8_e4m3fn), dev)
+    g = jax.device_put(jnp.ones((), jnp.float32), dev)
+    saved = formats.FP4_PACKED["cuda"]
+    try:
+        formats.FP4_PACKED["cuda"] = True
+        q = gx.BlockScaledArray(data, scale, g, gx.NVFP4, -1)
+        y = np.asarray(jax.jit(lambda q: gx.dequantize(q, backend="cuda"))(q))
+    finally:
+        formats.FP4_PACKED["cuda"] = saved
+    packed = bool((y.reshape(-1) == values).all())
+    assert packed == saved, (f"XLA's CUDA float4_e2m1fn buffers are {'packed' if packed else 'one per byte'}: "
+                             f"set jax_gpuext.formats.FP4_PACKED['cuda'] = {packed}")
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16", "float16"])
+def test_cuda_matches_reference_bit_for_bit(fmt, dtype):
+    dev = jax.devices("cuda")[0]
+    x = jax.device_put(random_blocks(11, 10_000, block_shape(fmt), dtype), dev)
+    cases = [(x, -1)]
+    if fmt is not gx.FP8_128x128:  # strided layout and partial blocks
+        cases.append((jax.device_put(np.asarray(random_blocks(12, 300, (3 * fmt.block[0] + 8,), dtype)).T, dev), 0))
+        cases.append((jax.device_put(np.asarray(random_blocks(13, 64, (fmt.block[0] + 8,), dtype)), dev), -1))
+    else:
+        cases.append((jax.device_put(np.asarray(random_blocks(14, 2, (300, 260), dtype)), dev), -1))
+    for xi, axis in cases:
+        got = jax.jit(lambda v: gx.quantize(v, fmt, axis=axis, backend="cuda"))(xi)
+        want = jax.jit(lambda v: gx.quantize(v, fmt, axis=axis, backend="reference"))(xi)
+        assert_bits_equal(got.data, as_bits(np.asarray(want.data)), f"{fmt.name} cuda data axis={axis}")
+        assert_bits_equal(got.scale, as_bits(np.asarray(want.scale)), f"{fmt.name} cuda scale axis={axis}")
+        for out in (jnp.float32, jnp.bfloat16):
+            y = jax.jit(lambda q: gx.dequantize(q, out, backend="cuda"))(want)
+            y_ref = jax.jit(lambda q: gx.dequantize(q, out, backend="reference"))(want)
+            assert_bits_equal(y, as_bits(np.asarray(y_ref)), f"{fmt.name} cuda dequantize axis={axis}")
+
+
+def test_cuda_vmap_and_hlo():
+    dev = jax.devices("cuda")[0]
+    x = jax.device_put(np.random.default_rng(0).standard_normal((3, 8, 64)).astype(np.float32), dev)
+    f = jax.jit(jax.vmap(lambda v: gx.quantize(v, gx.NVFP4, backend="cuda")))
+    assert "gpuext_quantize" in f.lower(x).as_text()
+    got, want = f(x), [gx.quantize(x[i], gx.NVFP4, backend="reference") for i in range(3)]
+    for i in range(3):
+        assert_bits_equal(got.scale[i], as_bits(np.asarray(want[i].scale)), "vmap NVFP4 scale")
