@@ -11,11 +11,7 @@
 #include <cstring>
 #include <type_traits>
 
-#if defined(__CUDACC__)
-#define GPUEXT_HD __host__ __device__ __forceinline__
-#else
-#define GPUEXT_HD inline
-#endif
+#include "csrc/common/host_device.h"
 
 namespace gpuext::allreduce {
 

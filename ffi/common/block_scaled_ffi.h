@@ -7,14 +7,6 @@
 #include "csrc/formats/block_scaled.h"
 #include "ffi/common/ffi_util.h"
 
-// ffi.h 0.8.0 has ErrorOr but no assign-or-return macro.
-#define GPUEXT_FFI_ASSIGN_OR_RETURN(lhs, expr)              \
-  do {                                                      \
-    auto gpuext_or_ = (expr);                               \
-    if (gpuext_or_.has_error()) return std::move(gpuext_or_).error(); \
-    lhs = std::move(gpuext_or_).value();                    \
-  } while (0)
-
 namespace gpuext::formats {
 
 inline ffi::ErrorOr<FloatType> FloatTypeOf(ffi::DataType t, const char* what) {
@@ -86,6 +78,40 @@ inline ffi::ErrorOr<BlockScaledGeometry> GeometryOf(int32_t format, int64_t axis
     return fail("global scale of " + std::to_string(g.global_count) + " values does not divide " +
                 std::to_string(outer) + " leading rows");
   return g;
+}
+
+// The operands and attributes of gpuext_quantize as csrc/formats arguments. Shared by the CPU
+// and CUDA handlers, which differ only in the function they hand the arguments to.
+inline ffi::ErrorOr<QuantizeArgs> DecodeQuantize(ffi::AnyBuffer x, ffi::AnyBuffer global_scale,
+                                                 ffi::AnyBuffer data, ffi::AnyBuffer scale, int32_t format,
+                                                 int64_t axis, int32_t scale_rounding, int32_t fp4_packed) {
+  QuantizeArgs a;
+  GPUEXT_FFI_ASSIGN_OR_FORWARD(a.in_type, FloatTypeOf(x.element_type(), "x"));
+  GPUEXT_FFI_ASSIGN_OR_FORWARD(a.geo, GeometryOf(format, axis, x.dimensions(), data, scale, global_scale, fp4_packed));
+  if (!(scale_rounding == kRoundUp || (scale_rounding == kRoundOcp && IsMx(format))))
+    return ffi::Unexpected<ffi::Error>(ffi::Error(
+        ffi::ErrorCode::kInvalidArgument, "scale_rounding " + std::to_string(scale_rounding) +
+                                              " is not valid for format " + std::to_string(format)));
+  a.scale_rounding = scale_rounding;
+  a.x = x.untyped_data();
+  a.global_scale = static_cast<const float*>(global_scale.untyped_data());
+  a.data = data.untyped_data();
+  a.scale = scale.untyped_data();
+  return a;
+}
+
+// The operands and attributes of gpuext_dequantize as csrc/formats arguments (both platforms).
+inline ffi::ErrorOr<DequantizeArgs> DecodeDequantize(ffi::AnyBuffer data, ffi::AnyBuffer scale,
+                                                     ffi::AnyBuffer global_scale, ffi::AnyBuffer y,
+                                                     int32_t format, int64_t axis, int32_t fp4_packed) {
+  DequantizeArgs a;
+  GPUEXT_FFI_ASSIGN_OR_FORWARD(a.out_type, FloatTypeOf(y.element_type(), "output"));
+  GPUEXT_FFI_ASSIGN_OR_FORWARD(a.geo, GeometryOf(format, axis, y.dimensions(), data, scale, global_scale, fp4_packed));
+  a.data = data.untyped_data();
+  a.scale = scale.untyped_data();
+  a.global_scale = static_cast<const float*>(global_scale.untyped_data());
+  a.y = y.untyped_data();
+  return a;
 }
 
 }  // namespace gpuext::formats

@@ -65,3 +65,19 @@ inline int64_t ElementCount(ffi::Span<const int64_t> dims) {
       return ::xla::ffi::Error(::xla::ffi::ErrorCode::kInvalidArgument,                    \
                                std::string(GPUEXT_WHERE ": check " #cond " failed: ") + (msg)); \
   } while (0)
+
+// ffi.h (0.8.0) has ErrorOr but no assign-or-return macro. In a handler (returns ffi::Error):
+#define GPUEXT_FFI_ASSIGN_OR_RETURN(lhs, expr)                          \
+  do {                                                                  \
+    auto gpuext_or_ = (expr);                                           \
+    if (gpuext_or_.has_error()) return std::move(gpuext_or_).error();   \
+    lhs = std::move(gpuext_or_).value();                                \
+  } while (0)
+
+// The same inside a helper that itself returns ffi::ErrorOr<T>.
+#define GPUEXT_FFI_ASSIGN_OR_FORWARD(lhs, expr)                                                  \
+  do {                                                                                           \
+    auto gpuext_or_ = (expr);                                                                    \
+    if (gpuext_or_.has_error()) return ::xla::ffi::Unexpected<::xla::ffi::Error>(std::move(gpuext_or_).error()); \
+    lhs = std::move(gpuext_or_).value();                                                         \
+  } while (0)

@@ -11,16 +11,7 @@ ffi::Error QuantizeImpl(ffi::AnyBuffer x, ffi::AnyBuffer global_scale, ffi::Resu
                         ffi::Result<ffi::AnyBuffer> scale, int32_t format, int64_t axis, int32_t scale_rounding,
                         int32_t fp4_packed) {
   QuantizeArgs a;
-  GPUEXT_FFI_ASSIGN_OR_RETURN(a.in_type, FloatTypeOf(x.element_type(), "x"));
-  GPUEXT_FFI_ASSIGN_OR_RETURN(a.geo, GeometryOf(format, axis, x.dimensions(), *data, *scale, global_scale, fp4_packed));
-  GPUEXT_FFI_CHECK(scale_rounding == kRoundUp || (scale_rounding == kRoundOcp && IsMx(format)),
-                   "scale_rounding " + std::to_string(scale_rounding) + " is not valid for format " +
-                       std::to_string(format));
-  a.scale_rounding = scale_rounding;
-  a.x = x.untyped_data();
-  a.global_scale = static_cast<const float*>(global_scale.untyped_data());
-  a.data = data->untyped_data();
-  a.scale = scale->untyped_data();
+  GPUEXT_FFI_ASSIGN_OR_RETURN(a, DecodeQuantize(x, global_scale, *data, *scale, format, axis, scale_rounding, fp4_packed));
   GPUEXT_FFI_RETURN_IF_ERROR(QuantizeCpu(a));
   return ffi::Error::Success();
 }
@@ -28,12 +19,7 @@ ffi::Error QuantizeImpl(ffi::AnyBuffer x, ffi::AnyBuffer global_scale, ffi::Resu
 ffi::Error DequantizeImpl(ffi::AnyBuffer data, ffi::AnyBuffer scale, ffi::AnyBuffer global_scale,
                           ffi::Result<ffi::AnyBuffer> y, int32_t format, int64_t axis, int32_t fp4_packed) {
   DequantizeArgs a;
-  GPUEXT_FFI_ASSIGN_OR_RETURN(a.out_type, FloatTypeOf(y->element_type(), "output"));
-  GPUEXT_FFI_ASSIGN_OR_RETURN(a.geo, GeometryOf(format, axis, y->dimensions(), data, scale, global_scale, fp4_packed));
-  a.data = data.untyped_data();
-  a.scale = scale.untyped_data();
-  a.global_scale = static_cast<const float*>(global_scale.untyped_data());
-  a.y = y->untyped_data();
+  GPUEXT_FFI_ASSIGN_OR_RETURN(a, DecodeDequantize(data, scale, global_scale, *y, format, axis, fp4_packed));
   GPUEXT_FFI_RETURN_IF_ERROR(DequantizeCpu(a));
   return ffi::Error::Success();
 }
