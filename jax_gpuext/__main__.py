@@ -31,6 +31,14 @@ def main(argv=None) -> int:
             for name, r in capabilities()["gates"].items():
                 print(f"{name}: {'yes' if r['supported'] else 'no'} - {r['reason']}")
     elif args.command == "demo":
+        import os
+
+        # On a CPU-only machine, give the multi-device steps (all_reduce under shard_map) 8 host
+        # devices. XLA reads this when its CPU backend starts, which has not happened yet here;
+        # it does not change how many GPUs are used.
+        if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+            os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                                       " --xla_force_host_platform_device_count=8").strip()
         from jax_gpuext.demo import run
 
         return run()
