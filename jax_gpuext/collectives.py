@@ -362,16 +362,28 @@ def _lower(x, rank, color, attrs):
 
 
 # --------------------------------------------------------------------------- demo
-def tensor_parallel_mlp(mesh_axis: str = "tp", *, algorithm: str = "auto"):
-    """The tutorial's MLP (docs/allreduce.md): W1 split by columns, W2 by rows, one all_reduce."""
+def tensor_parallel_mlp(mesh_axis: str = "tp", *, algorithm: str = "auto", matmul_format=None):
+    """The tutorial's MLP (docs/allreduce.md): W1 split by columns, W2 by rows, one all_reduce.
+
+    ``matmul_format`` (e.g. ``jax_gpuext.MXFP8_E4M3``) runs both local matmuls through
+    ``scaled_dot_general`` in that block-scaled format; None keeps them in float32.
+    """
     from jax.sharding import PartitionSpec as P
 
     devices = np.array(jax.devices())
     mesh = jax.sharding.Mesh(devices, (mesh_axis,))
 
+    def matmul(a, b):
+        if matmul_format is None:
+            return a @ b
+        from jax_gpuext.dot import scaled_dot_general  # dot imports this module's package
+
+        dims = (((a.ndim - 1,), (0,)), ((), ()))
+        return scaled_dot_general(a, b, dims, preferred_element_type=jnp.float32, format=matmul_format)
+
     def layer(x, w1, w2):
-        h = jax.nn.gelu(x @ w1)  # [batch, hidden/n]: local columns of W1
-        partial = h @ w2  # [batch, d]: this device's share of the sum over hidden
+        h = jax.nn.gelu(matmul(x, w1))  # [batch, hidden/n]: local columns of W1
+        partial = matmul(h, w2)  # [batch, d]: this device's share of the sum over hidden
         return all_reduce(partial, mesh_axis, algorithm=algorithm)
 
     shard_map = getattr(jax, "shard_map", None)
@@ -409,9 +421,15 @@ def demo_steps():
             print(f"tensor-parallel MLP on {n} device(s), all_reduce algorithm={algorithm}: max |err| = {err:.2e}")
             if not err < 1e-4:
                 raise AssertionError(f"MLP mismatch {err} for {algorithm}")
-        from jax_gpuext import explain
+        from jax_gpuext import MXFP8_E4M3, explain
 
-        f, mesh = tensor_parallel_mlp()
+        # The same layer with MXFP8 block-scaled matmuls: error at the format's level, not 1e-6.
+        f, mesh = tensor_parallel_mlp(matmul_format=MXFP8_E4M3)
+        got = f(*shard_mlp_params(mesh, x, w1, w2))
+        rel = float(jnp.max(jnp.abs(got - want)) / jnp.max(jnp.abs(want)))
+        print(f"tensor-parallel MLP on {n} device(s) with MXFP8 scaled_dot_general: max error / max |y| = {rel:.2e}")
+        if not rel < 0.1:
+            raise AssertionError(f"MXFP8 MLP error {rel} is beyond MXFP8's level")
         print(explain(f, *shard_mlp_params(mesh, x, w1, w2)))
 
     return [("all_reduce: tensor-parallel MLP under shard_map", mlp)]
