@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import logging
 import math
 import os
 
@@ -29,8 +30,10 @@ import numpy as np
 from jax import lax
 
 from jax_gpuext import _ext, backends, gates
+from jax_gpuext.errors import UnsupportedError
 from jax_gpuext.gates import GateResult
 
+logger = logging.getLogger("jax_gpuext")
 OP = "all_reduce"
 TARGET = "gpuext_all_reduce"
 # The command-buffer compatible CUDA variant (ffi/cuda/allreduce.cc): kernels only, the
@@ -90,6 +93,11 @@ class _Config:
     op: str
     backend: str  # the chosen backend's name
     timeout_s: float
+    # Memory spaces of x / the result as sorted ((index, MemorySpace), ...): hashable, since the
+    # config is a static argument of the custom_jvp.
+    operand_spaces: tuple = ()
+    result_spaces: tuple = ()
+    strict_spaces: bool = False
 
 
 def _default_timeout() -> float:
@@ -181,7 +189,8 @@ _register_backends()
 
 
 # --------------------------------------------------------------------------- public API
-def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto", timeout_s: float | None = None):
+def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto", timeout_s: float | None = None,
+               operand_spaces=None, result_spaces=None, strict_spaces: bool = False):
     """Reduces ``x`` over the mapped axis ``axis_name`` (inside ``shard_map`` or ``pmap``).
 
     Same result as ``lax.psum`` (``op="sum"``), ``lax.pmax``, ``lax.pmin``; ``"prod"``
@@ -193,6 +202,11 @@ def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto", timeou
     the call fails with an error naming the missing ones (default ``$JAX_GPUEXT_ALLREDUCE_TIMEOUT_S``
     or 30 s). The result is typed as varying over ``axis_name`` (use ``check_vma=False`` with
     ``out_specs`` that replicate it).
+
+    ``operand_spaces`` / ``result_spaces``: ``{0: MemorySpace.COLLECTIVE}`` (or TEMP) places ``x`` /
+    the result in that XLA memory space (docs/memory_spaces.md); index 0 is the only one. They
+    apply to our kernels; with the ``xla`` backend they are ignored, which is logged and shown
+    by ``explain`` (``strict_spaces=True`` raises instead).
     """
     axes = _normalize_axes(axis_name)
     if not isinstance(op, str) or op not in OPS:
@@ -223,10 +237,35 @@ def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto", timeou
             sel.chosen = "two_shot"
             backends.note(sel, f"auto: {problem.nbytes} B > one-shot limit {limit} B for {group_size} "
                                "GPUs -> two_shot (docs/allreduce_model.md)")
-    cfg = _Config(axes, op, sel.chosen, float(timeout))
+    spaces = [_spaces_tuple(operand_spaces, "operand_spaces"), _spaces_tuple(result_spaces, "result_spaces")]
+    if any(spaces) and sel.chosen in ("xla", backends.REFERENCE):
+        why = f"operand/result memory spaces are ignored: backend {sel.chosen!r} is XLA's own collective"
+        if strict_spaces:
+            raise UnsupportedError(f"all_reduce: {why}", reason=why)
+        backends.note(sel, why)
+        logger.warning("all_reduce: %s", why)
+        spaces = [(), ()]
+    cfg = _Config(axes, op, sel.chosen, float(timeout), *spaces, strict_spaces)
     if jnp.issubdtype(dtype, jnp.inexact):
         return _all_reduce_diff(x, cfg)
     return _all_reduce_impl(x, cfg)
+
+
+def _spaces_tuple(spaces, name: str) -> tuple:
+    """Validates an all_reduce space mapping (index 0 only) into a hashable sorted tuple."""
+    if spaces is None:
+        return ()
+    from jax_gpuext.memory import MemorySpace
+
+    if not hasattr(spaces, "items"):
+        raise TypeError(f"all_reduce: {name} must be a mapping {{0: MemorySpace}}, got {spaces!r}")
+    for index, space in spaces.items():
+        if index not in (0, -1):
+            raise ValueError(f"all_reduce: {name} index {index!r} is out of range: all_reduce has one "
+                             "operand (x) and one result, index 0")
+        if not isinstance(space, MemorySpace):
+            raise TypeError(f"all_reduce: {name}[{index}] must be a jax_gpuext.MemorySpace, got {space!r}")
+    return tuple(sorted((0, space) for space in spaces.values()))
 
 
 def _normalize_axes(axis_name) -> tuple:
@@ -337,16 +376,11 @@ def _ffi_all_reduce(x, cfg: _Config):
         workspace_bytes=np.int64(_workspace_bytes(platform)),
         timeout_s=np.float32(cfg.timeout_s),
     )
-    return _lower(x, rank, _group_color(cfg.axes), attrs)
+    return _lower(x, rank, _group_color(cfg.axes), attrs, cfg)
 
 
-def _lower(x, rank, color, attrs):
-    """The one place that emits the custom call.
-
-    Memory-space hook: when ``jax_gpuext.memory`` provides its lowering helper, operand /
-    result memory spaces (e.g. XLA's collective memory for ``x`` and the result) are passed
-    from here; nothing else in this module needs to change.
-    """
+def _lower(x, rank, color, attrs, cfg: _Config):
+    """The one place that emits the custom call; memory spaces go through jax_gpuext.memory."""
     # No has_side_effect: every device runs the same program, so if XLA drops an unused call
     # it drops it everywhere, and the unique `site` attribute keeps two calls from being
     # merged (CSE). A side effect would also make JAX hold runtime tokens that re-raise a
@@ -357,8 +391,14 @@ def _lower(x, rank, color, attrs):
     target = TARGET
     if backends.current_platform() == "cuda" and os.environ.get(GRAPH_SAFE_ENV, "0") not in ("", "0"):
         target = GRAPH_TARGET  # no host check per call: timeouts surface via distributed.check_status()
-    return jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(x.shape, x.dtype), vmap_method="broadcast_all")(
-        x, rank, color, **attrs)
+    result = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    if cfg.operand_spaces or cfg.result_spaces:
+        from jax_gpuext import memory
+
+        return memory.ffi_call(target, result, x, rank, color, operand_spaces=dict(cfg.operand_spaces),
+                               result_spaces=dict(cfg.result_spaces), strict=cfg.strict_spaces,
+                               vmap_method="broadcast_all", caller=OP, **attrs)
+    return jax.ffi.ffi_call(target, result, vmap_method="broadcast_all")(x, rank, color, **attrs)
 
 
 # --------------------------------------------------------------------------- demo

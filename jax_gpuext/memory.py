@@ -305,7 +305,7 @@ def ffi_call(
     has_side_effect: bool = False,
     vmap_method: str | None = "sequential",
     selection: backends.Selection | None = None,
-    op: str | None = None,
+    caller: str | None = None,
     **attributes: Any,
 ):
     """Calls our FFI target ``target`` with its buffers placed in memory spaces.
@@ -321,7 +321,7 @@ def ffi_call(
     - ``strict``: raise UnsupportedError instead of warning when the annotation cannot be
       honoured (jaxlib below the gate at trace time; a non-CUDA platform at lowering time).
     - ``selection``: the caller's ``backends.select`` result; decisions about the annotation
-      are attached to it as notes, so ``explain`` shows them. ``op`` names the caller in
+      are attached to it as notes, so ``explain`` shows them. ``caller`` names the op in
       messages (default: the selection's op, else ``target``).
     - ``vmap_method``: "sequential" (default), "broadcast_all" or None (vmap raises).
 
@@ -331,7 +331,7 @@ def ffi_call(
     """
     import jax
 
-    op = op or (selection.op if selection is not None else target)
+    op = caller or (selection.op if selection is not None else target)
     single = hasattr(result_shape_dtypes, "shape") and hasattr(result_shape_dtypes, "dtype")
     results = [result_shape_dtypes] if single else list(result_shape_dtypes)
     for i, r in enumerate(results):
@@ -441,7 +441,7 @@ def _place_call(x, space: int, strict: bool, sel):
     def call(x):
         return ffi_call(PLACE_TARGET, jax.ShapeDtypeStruct(x.shape, x.dtype), x,
                         result_spaces={0: MemorySpace(space)}, strict=strict,
-                        vmap_method="broadcast_all", selection=sel, op="place")
+                        vmap_method="broadcast_all", selection=sel, caller="place")
 
     # Placement does not change values, so the tangent passes through (in default memory).
     call.defjvp(lambda primals, tangents: (call(*primals), tangents[0]))

@@ -233,3 +233,45 @@ def test_gpu_processes_under_mps(nproc, mode):
                        env={**os.environ, "PYTHON": sys.executable})
     assert r.returncode == 0, f"stdout:\n{r.stdout[-4000:]}\nstderr:\n{r.stderr[-4000:]}"
     assert r.stdout.count("RANK OK") == nproc
+
+
+# --------------------------------------------------------------------------- memory spaces (issue 7)
+def test_operand_and_result_spaces_reach_the_cuda_lowering(mesh):
+    """all_reduce's buffers in XLA's collective memory: the annotation is in the CUDA lowering
+    (lowered ahead of time here, no GPU needed) and absent from the CPU one, which still runs."""
+    from jax_gpuext import MemorySpace
+
+    x = jax.device_put(np.arange(N * 4, dtype=np.float32), NamedSharding(mesh, P("i")))
+    f = _shard_map(lambda v: jax_gpuext.all_reduce(v, "i", algorithm="one_shot",
+                                                   operand_spaces={0: MemorySpace.COLLECTIVE},
+                                                   result_spaces={0: MemorySpace.COLLECTIVE}), mesh, P("i"), P("i"))
+    cuda_text = f.trace(x).lower(lowering_platforms=("cuda",)).as_text()
+    assert "gpuext_all_reduce" in cuda_text
+    assert 'operands_memory_spaces = "{0:1}"' in cuda_text, cuda_text
+    assert 'results_memory_spaces = "{0:1}"' in cuda_text
+    assert "memory_spaces" not in f.lower(x).as_text()
+    np.testing.assert_array_equal(np.asarray(f(x)), np.tile(np.asarray(x).reshape(N, 4).sum(0), N))
+
+
+def test_spaces_with_the_xla_backend_are_reported_or_refused(mesh):
+    from jax_gpuext import MemorySpace, UnsupportedError
+
+    x = jax.device_put(np.ones(N, np.float32), NamedSharding(mesh, P("i")))
+    reduce = lambda v, **kw: jax_gpuext.all_reduce(v, "i", algorithm="xla",  # noqa: E731
+                                                   operand_spaces={0: MemorySpace.COLLECTIVE}, **kw)
+    report = jax_gpuext.explain(_shard_map(reduce, mesh, P("i"), P("i")), x)
+    assert any("memory spaces are ignored" in n for n in report.calls[0].notes), str(report)
+    with pytest.raises(UnsupportedError, match="memory spaces are ignored"):
+        _shard_map(lambda v: reduce(v, strict_spaces=True), mesh, P("i"), P("i")).lower(x)
+
+
+def test_space_arguments_are_validated(mesh):
+    from jax_gpuext import MemorySpace
+
+    x = jax.device_put(np.ones(N, np.float32), NamedSharding(mesh, P("i")))
+    with pytest.raises(ValueError, match="index 1 is out of range"):
+        _shard_map(lambda v: jax_gpuext.all_reduce(v, "i", algorithm="one_shot",
+                                                   operand_spaces={1: MemorySpace.TEMP}), mesh, P("i"), P("i")).lower(x)
+    with pytest.raises(TypeError, match="must be a jax_gpuext.MemorySpace"):
+        _shard_map(lambda v: jax_gpuext.all_reduce(v, "i", algorithm="one_shot", result_spaces={0: 1}),
+                   mesh, P("i"), P("i")).lower(x)

@@ -1,0 +1,56 @@
+# Block-scaled dot (issue 4): the cuDNN backend (csrc/dot/cudnn_block_scaled.cc + its handler).
+#   JAX_GPUEXT_CUDNN               AUTO | ON | OFF   AUTO: build if the headers are found; ON: error if not
+#   JAX_GPUEXT_CUDNN_INCLUDE_DIRS  directories searched first for cudnn_frontend.h, cudnn.h, nvrtc.h
+# cuDNN is never linked: the frontend is compiled with NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING and
+# resolves cuDNN through the handle we dlopen (REFERENCE section 4). Only headers are needed:
+# pip nvidia-cudnn-frontend (--no-deps; site-packages/include), nvidia-cudnn-cu13/-cu12
+# (nvidia/cudnn/include) and nvidia-cuda-nvrtc (nvidia/cu13/include; the frontend includes nvrtc.h,
+# which the toolkit on the dev machine lacks). Without them gate `cudnn_dot_built` says why.
+set(JAX_GPUEXT_CUDNN "AUTO" CACHE STRING "Build the cuDNN block-scaled dot: AUTO, ON or OFF")
+set(JAX_GPUEXT_CUDNN_INCLUDE_DIRS "" CACHE STRING
+    "Directories (;-separated) holding cudnn_frontend.h, cudnn.h and nvrtc.h; empty: toolkit + pip wheels")
+string(TOUPPER "${JAX_GPUEXT_CUDNN}" _want_cudnn)
+if(NOT _want_cudnn MATCHES "^(AUTO|ON|OFF)$")
+  message(FATAL_ERROR "jax-gpuext: JAX_GPUEXT_CUDNN must be AUTO, ON or OFF, not '${JAX_GPUEXT_CUDNN}'")
+endif()
+if(_want_cudnn STREQUAL "OFF")
+  return()
+endif()
+if(NOT TARGET _cuda)
+  if(_want_cudnn STREQUAL "ON")
+    message(FATAL_ERROR "jax-gpuext: JAX_GPUEXT_CUDNN=ON needs the CUDA extension (JAX_GPUEXT_CUDA and nvcc)")
+  endif()
+  return()
+endif()
+
+execute_process(
+  COMMAND "${Python_EXECUTABLE}" -c
+    "import sys, os; print(';'.join(os.path.join(p, *s) for p in sys.path if p for s in (('include',), ('nvidia', 'cudnn', 'include'), ('nvidia', 'cu13', 'include'), ('nvidia', 'cuda_nvrtc', 'include'))))"
+  OUTPUT_STRIP_TRAILING_WHITESPACE OUTPUT_VARIABLE _gpuext_cudnn_wheel_includes ERROR_QUIET)
+set(_gpuext_cudnn_hints ${JAX_GPUEXT_CUDNN_INCLUDE_DIRS} ${CUDAToolkit_INCLUDE_DIRS} ${_gpuext_cudnn_wheel_includes})
+find_path(GPUEXT_CUDNN_FRONTEND_DIR cudnn_frontend.h HINTS ${_gpuext_cudnn_hints} NO_DEFAULT_PATH)
+find_path(GPUEXT_CUDNN_HEADER_DIR cudnn.h HINTS ${_gpuext_cudnn_hints} NO_DEFAULT_PATH)
+find_path(GPUEXT_NVRTC_HEADER_DIR nvrtc.h HINTS ${_gpuext_cudnn_hints} NO_DEFAULT_PATH)
+if(NOT (GPUEXT_CUDNN_FRONTEND_DIR AND GPUEXT_CUDNN_HEADER_DIR AND GPUEXT_NVRTC_HEADER_DIR))
+  set(_why "cudnn_frontend.h: '${GPUEXT_CUDNN_FRONTEND_DIR}', cudnn.h: '${GPUEXT_CUDNN_HEADER_DIR}', nvrtc.h: '${GPUEXT_NVRTC_HEADER_DIR}'")
+  set(_fix "pip install --no-deps nvidia-cudnn-frontend nvidia-cudnn-cu13 nvidia-cuda-nvrtc in the build environment, or set JAX_GPUEXT_CUDNN_INCLUDE_DIRS")
+  if(_want_cudnn STREQUAL "ON")
+    message(FATAL_ERROR "jax-gpuext: JAX_GPUEXT_CUDNN=ON but headers are missing (${_why}); ${_fix}")
+  endif()
+  message(STATUS "jax-gpuext: building _cuda without the cuDNN block-scaled dot (${_why}); ${_fix}")
+  return()
+endif()
+message(STATUS "jax-gpuext: cuDNN block-scaled dot with cudnn-frontend from ${GPUEXT_CUDNN_FRONTEND_DIR}")
+
+# Its own object library: the frontend headers, their include order and the dynamic-loading
+# define stay out of every other _cuda translation unit. Host C++ (g++), never nvcc.
+add_library(gpuext_cudnn_dot OBJECT csrc/dot/cudnn_block_scaled.cc)
+set_target_properties(gpuext_cudnn_dot PROPERTIES POSITION_INDEPENDENT_CODE ON CXX_STANDARD 17
+                      CXX_STANDARD_REQUIRED ON CXX_VISIBILITY_PRESET hidden)
+target_compile_definitions(gpuext_cudnn_dot PRIVATE NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING)
+target_include_directories(gpuext_cudnn_dot PRIVATE "${CMAKE_CURRENT_SOURCE_DIR}" ${CUDAToolkit_INCLUDE_DIRS}
+                           "${GPUEXT_CUDNN_FRONTEND_DIR}" "${GPUEXT_CUDNN_HEADER_DIR}")
+# AFTER: the toolkit's own headers keep precedence over a wheel's copies (nvidia/cu13/include).
+target_include_directories(gpuext_cudnn_dot AFTER PRIVATE "${GPUEXT_NVRTC_HEADER_DIR}")
+target_sources(_cuda PRIVATE ffi/cuda/block_scaled_dot_cudnn.cc)
+target_link_libraries(_cuda PRIVATE gpuext_cudnn_dot)
