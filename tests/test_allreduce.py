@@ -275,3 +275,21 @@ def test_space_arguments_are_validated(mesh):
     with pytest.raises(TypeError, match="must be a jax_gpuext.MemorySpace"):
         _shard_map(lambda v: jax_gpuext.all_reduce(v, "i", algorithm="one_shot", result_spaces={0: 1}),
                    mesh, P("i"), P("i")).lower(x)
+
+
+@pytest.mark.gpu
+@pytest.mark.gates("nvshmem", "nvshmem_allreduce_module", "jaxlib_custom_call_memory_spaces")
+def test_gpu_collective_space_reaches_the_compiled_program():
+    """One process, one GPU (a group of one PE): compiling all_reduce with COLLECTIVE operand and
+    result puts both buffers in XLA's collective memory, S(1), in the optimized HLO."""
+    from jax_gpuext import MemorySpace
+
+    gpu_mesh = jax.make_mesh((1,), ("i",), devices=jax.devices("cuda")[:1])
+    x = jax.device_put(np.arange(256, dtype=np.float32), NamedSharding(gpu_mesh, P("i")))
+    f = _shard_map(lambda v: jax_gpuext.all_reduce(v, "i", algorithm="one_shot",
+                                                   operand_spaces={0: MemorySpace.COLLECTIVE},
+                                                   result_spaces={0: MemorySpace.COLLECTIVE}), gpu_mesh, P("i"), P("i"))
+    hlo = f.lower(x).compile().as_text()
+    calls = [line for line in hlo.splitlines() if "gpuext_all_reduce" in line]
+    assert calls and all("S(1)" in line for line in calls), "\n".join(calls) or hlo
+    np.testing.assert_array_equal(np.asarray(f(x)), np.arange(256, dtype=np.float32))
