@@ -297,17 +297,49 @@ def _all_reduce_jvp(cfg: _Config, primals, tangents):
     # transpose, so reverse mode works like psum's (psum transposes to psum).
     (x,), (t,) = primals, tangents
     y = _all_reduce_impl(x, cfg)
+    t_out = _like_vma(_all_reduce_tangent(x, y, t, cfg), y)
+    return _like_mesh(y, t_out), t_out
+
+
+def _all_reduce_tangent(x, y, t, cfg: _Config):
     if cfg.op == "sum":
-        return y, _xla_reduce(t, cfg.axes, "sum")
+        return _xla_reduce(t, cfg.axes, "sum")
     if cfg.op in ("max", "min"):  # like jnp.max: ties share the gradient evenly
         hit = (x == y).astype(t.dtype)
-        return y, _xla_reduce(t * hit, cfg.axes, "sum") / _xla_reduce(hit, cfg.axes, "sum")
+        return _xla_reduce(t * hit, cfg.axes, "sum") / _xla_reduce(hit, cfg.axes, "sum")
     # prod: d(prod_i x_i) = sum_i t_i * prod_{j != i} x_j, without dividing by x_i (zeros)
     gathered = lax.all_gather(x, cfg.axes)
     me = lax.axis_index(cfg.axes)
     mask = (jnp.arange(gathered.shape[0]) == me).reshape((-1,) + (1,) * x.ndim)
     others = jnp.prod(jnp.where(mask, jnp.ones_like(gathered), gathered), axis=0)
-    return y, _xla_reduce(t * others, cfg.axes, "sum")
+    return _xla_reduce(t * others, cfg.axes, "sum")
+
+
+def _like_mesh(y, like):
+    """Gives primal ``y`` the abstract mesh of tangent ``like`` when they differ.
+
+    On jax 0.7 a custom call's result inside shard_map is typed with an empty abstract mesh while
+    XLA's collectives carry the manual one, and custom_jvp rejects the pair. Multiplying by ones is
+    exact for floats (keeps -0.0, NaN and Inf), takes the context mesh, and XLA simplifies it away.
+    """
+    sharding = lambda a: getattr(jax.typeof(a), "sharding", None)  # noqa: E731
+    if sharding(y) == sharding(like):
+        return y
+    return y * jnp.ones_like(like)
+
+
+def _like_vma(t, like):
+    """Gives tangent ``t`` the varying-manual-axes type of primal ``like``.
+
+    XLA's collectives type their result as invariant over the reduced axes while our custom call's
+    result stays varying; jax 0.7's custom_jvp check rejects that mismatch (newer jax accepts it
+    under check_vma=False), so the tangent is marked varying the same way.
+    """
+    typeof, pvary = getattr(jax, "typeof", None), getattr(lax, "pvary", None)
+    if typeof is None or pvary is None:
+        return t
+    missing = tuple(getattr(typeof(like), "vma", frozenset()) - getattr(typeof(t), "vma", frozenset()))
+    return pvary(t, missing) if missing else t
 
 
 # --------------------------------------------------------------------------- implementations

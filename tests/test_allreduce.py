@@ -236,6 +236,7 @@ def test_gpu_processes_under_mps(nproc, mode):
 
 
 # --------------------------------------------------------------------------- memory spaces (issue 7)
+@pytest.mark.gates("jaxlib_custom_call_memory_spaces")
 def test_operand_and_result_spaces_reach_the_cuda_lowering(mesh):
     """all_reduce's buffers in XLA's collective memory: the annotation is in the CUDA lowering
     (lowered ahead of time here, no GPU needed) and absent from the CPU one, which still runs."""

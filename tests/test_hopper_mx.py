@@ -195,7 +195,7 @@ def test_supports_rejects_fp8_blockwise_and_accepts_mx_nvfp4_problems():
         _, _, p = _problem(f, f)
         r = hopper_mx.supports(p)
         # on a build without sm_90a the only remaining objection is the build itself
-        assert r.supported or "sm_90a" in r.reason, r.reason
+        assert r.supported or "sm_90a" in r.reason or "no CUDA extension" in r.reason, r.reason
 
 
 def _emulate_kernel(a, b, sa, sb, m, n):
