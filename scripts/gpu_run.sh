@@ -44,7 +44,9 @@ if [ "$ONLY" != bench ]; then
     while read -r target; do
       [ -z "$target" ] && continue
       for tool in memcheck racecheck; do
-        (cd / && compute-sanitizer --tool "$tool" --error-exitcode 9 "$PY" -m pytest -q "$OLDPWD/tests/$target") \
+        # Bounded: racecheck over a whole JAX process is slow, and a device command has 10 minutes.
+        (cd / && timeout "${SANITIZER_TIMEOUT_S:-240}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
+           "$PY" -m pytest -q -x "$OLDPWD/tests/$target") \
           > "$WORK/sanitizer-$tool-$(echo "$target" | tr '/:' '__').txt" 2>&1
         echo "$tool $target: exit $?" | tee -a "$WORK/sanitizer.txt"
       done
