@@ -15,6 +15,7 @@ from jax_gpuext.explain import Explanation, explain
 from jax_gpuext.formats import (
     FP8_1x128,
     FP8_128x128,
+    FP8_TENSOR,
     MXFP8_E4M3,
     MXFP8_E5M2,
     NVFP4,
@@ -41,6 +42,7 @@ __all__ = [
     "explain",
     "Explanation",
     "FP8_128x128",
+    "FP8_TENSOR",
     "FP8_1x128",
     "from_blackwell_scale_layout",
     "gates",

@@ -61,3 +61,13 @@ def ensure_registered(kind: str) -> None:
 def ensure_all_registered() -> None:
     for kind in _PLATFORMS:
         ensure_registered(kind)
+
+
+def set_library_path(name: str, path: str | None) -> None:
+    """Tells the ``_cuda`` handlers where to dlopen library ``name`` ("cublaslt", "cudnn") from.
+
+    Called at trace time by the backends that need it, so the path never enters the HLO.
+    """
+    mod = module("cuda")
+    if mod is not None and mod.library_path(name) != (path or ""):
+        mod.set_library_path(name, path or "")

@@ -10,8 +10,8 @@ accumulated in float32, with the 2-D block index (m // 128, k // 128) for FP8_12
 Backends of op ``block_scaled_dot``, in preference order (``jax_gpuext.explain`` shows which ran):
 
 - ``cudnn``: Blackwell MXFP8 / NVFP4 through a cuDNN graph (``dot_cudnn.py``).
-- ``cublaslt``: Hopper FP8 1x128 x 128x128 (and 1x128 x 1x128) and Blackwell MXFP8 / NVFP4
-  (``dot_cublaslt.py``).
+- ``cublaslt``: Hopper FP8 1x128 x 128x128 (and 1x128 x 1x128), per-tensor FP8 (FP8_TENSOR) on
+  any FP8 GPU, and Blackwell MXFP8 / NVFP4 (``dot_cublaslt.py``).
 - ``hopper_mx``: our own sm_90a kernel, MXFP8 and NVFP4 on Hopper's FP8 tensor cores
   (``hopper_mx.py``, ``csrc/hopper_mx/``).
 - ``reference``: dequantize + ``lax.dot_general`` in float32; every platform.
@@ -47,11 +47,12 @@ class FormatInfo:
     """What this module needs to know of a ``formats.BlockFormat``."""
 
     name: str
-    family: str  # "mx", "nvfp4", "fp8_block": operands of one dot must share a family
+    family: str  # "mx", "nvfp4", "fp8_block", "fp8_tensor": operands of one dot must share a family
     element_dtype: Any
     scale_dtype: Any
-    block: int  # block length along the contracting axis
+    block: int  # block length along the contracting axis (0: FP8_TENSOR, one scale for all)
     two_d: bool  # FP8_128x128: 128x128 blocks over the last two axes
+    per_tensor: bool = False  # FP8_TENSOR
 
 
 def format_info(fmt) -> FormatInfo:
@@ -60,6 +61,9 @@ def format_info(fmt) -> FormatInfo:
         fmt = formats.FORMATS[fmt]
     if not isinstance(fmt, formats.BlockFormat):
         raise TypeError(f"expected a jax_gpuext.BlockFormat (one of {sorted(formats.FORMATS)}), got {fmt!r}")
+    if fmt.per_tensor:
+        return FormatInfo(fmt.name, "fp8_tensor", jnp.dtype(fmt.elem_dtype), jnp.dtype(fmt.scale_dtype), 0,
+                          False, per_tensor=True)
     family = "mx" if fmt.is_mx else ("nvfp4" if fmt.has_global_scale else "fp8_block")
     return FormatInfo(fmt.name, family, jnp.dtype(fmt.elem_dtype), jnp.dtype(fmt.scale_dtype), fmt.block[-1],
                       len(fmt.block) == 2)
@@ -153,7 +157,8 @@ def _problem(lhs, rhs, dimension_numbers, out_dtype) -> DotProblem:
                          f"axis), got {dimension_numbers!r} for lhs {ls}, rhs {rs}")
     if lf.family != rf.family:
         raise ValueError(f"{what}: formats {lf.name} (lhs) and {rf.name} (rhs) cannot be mixed; both operands "
-                         "must be MXFP8 (E4M3/E5M2), both NVFP4, or both FP8 blockwise (1x128/128x128)")
+                         "must be MXFP8 (E4M3/E5M2), both NVFP4, both FP8 blockwise (1x128/128x128), or both "
+                         "FP8_TENSOR")
     for name, f, shape, c, batch, axis in (("lhs", lf, ls, lc[0], lb, la), ("rhs", rf, rs, rc[0], rb, ra)):
         if f.two_d:
             if c not in (len(shape) - 1, len(shape) - 2):
@@ -162,7 +167,7 @@ def _problem(lhs, rhs, dimension_numbers, out_dtype) -> DotProblem:
             if len(shape) - 2 != len(batch):
                 raise ValueError(f"{what}: {name} is {f.name}: every axis before the last two must be a batch "
                                  f"dimension; shape {shape} has batch dims {batch}")
-        elif c != axis:
+        elif c != axis and not f.per_tensor:  # one FP8_TENSOR scale covers every axis
             raise ValueError(f"{what}: {name} is quantized along axis {axis} but dimension_numbers contract "
                              f"axis {c} (shape {shape}); quantize along the contracting axis")
     if ls[lc[0]] != rs[rc[0]]:
@@ -185,6 +190,8 @@ def _problem(lhs, rhs, dimension_numbers, out_dtype) -> DotProblem:
 def _expanded_scale(q, f: FormatInfo) -> jax.Array:
     """The block scales broadcast to the data's shape, in float32 (exact: E8M0/E4M3/fp32 -> fp32)."""
     s = q.scale.astype(jnp.float32)
+    if f.per_tensor:
+        return s  # a scalar: broadcasts
     shape = q.data.shape
     axes = (len(shape) - 2, len(shape) - 1) if f.two_d else (_norm_axis(q.axis, len(shape)),)
     for ax in axes:
@@ -210,16 +217,20 @@ def to_canonical(q, contract: int, batch: tuple[int, ...]):
     """(data, scale) of ``q`` transposed/collapsed to ``(B, X, K)`` and ``(B, X, K/blk)``.
 
     Free dimensions are collapsed into X. For FP8_128x128 the validation guaranteed that the
-    two last axes are (free, contract) in some order, so the 2-D blocks survive.
+    two last axes are (free, contract) in some order, so the 2-D blocks survive. FP8_TENSOR's
+    one scale becomes ``(B, 1, 1)``: every batch is scaled by it.
     """
     nd = q.data.ndim
     free = tuple(d for d in range(nd) if d != contract and d not in batch)
     perm = tuple(batch) + free + (contract,)
-    data, scale = jnp.transpose(q.data, perm), jnp.transpose(q.scale, perm)
+    data = jnp.transpose(q.data, perm)
     b = math.prod(q.data.shape[d] for d in batch)
     x = math.prod(q.data.shape[d] for d in free)
-    return (data.reshape(b, x, q.data.shape[contract]),
-            scale.reshape(b, math.prod(q.scale.shape[d] for d in free), q.scale.shape[contract]))
+    data = data.reshape(b, x, q.data.shape[contract])
+    if q.format.per_tensor:
+        return data, jnp.broadcast_to(q.scale.astype(jnp.float32), (b, 1, 1))
+    scale = jnp.transpose(q.scale, perm)
+    return data, scale.reshape(b, math.prod(q.scale.shape[d] for d in free), q.scale.shape[contract])
 
 
 def from_canonical(out: jax.Array, p: DotProblem) -> jax.Array:
@@ -288,9 +299,11 @@ def block_scaled_dot(lhs, rhs, dimension_numbers=None, *, preferred_element_type
 # same family as grad_format (operands of one dot must share a family), else with E4M3 of that
 # family. NVFP4 trains with an MXFP8 backward by default: NVFP4 gradients need stochastic rounding
 # and random Hadamard transforms to converge (NVIDIA's NVFP4 recipe), which we do not implement.
+# FP8_TENSOR trains in E4M3 both ways (we have no per-tensor E5M2 format; its scale, recomputed
+# from each cotangent's amax every step, leaves E5M2's extra range little to do).
 _DEFAULT_GRAD = {"MXFP8_E4M3": "MXFP8_E5M2", "MXFP8_E5M2": "MXFP8_E5M2", "NVFP4": "MXFP8_E5M2",
-                 "FP8_1x128": "FP8_1x128", "FP8_128x128": "FP8_1x128"}
-_FAMILY_E4M3 = {"mx": "MXFP8_E4M3", "nvfp4": "NVFP4", "fp8_block": "FP8_1x128"}
+                 "FP8_1x128": "FP8_1x128", "FP8_128x128": "FP8_1x128", "FP8_TENSOR": "FP8_TENSOR"}
+_FAMILY_E4M3 = {"mx": "MXFP8_E4M3", "nvfp4": "NVFP4", "fp8_block": "FP8_1x128", "fp8_tensor": "FP8_TENSOR"}
 
 
 def _as_pair(fmt, what):
@@ -381,8 +394,8 @@ def scaled_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_el
     for both operands or a ``(lhs, rhs)`` pair, e.g. ``(FP8_1x128, FP8_128x128)``; default
     MXFP8_E4M3. ``precision`` is accepted for signature compatibility and ignored: the precision
     is the format's. The backward pass quantizes the cotangent with ``grad_format`` (default
-    MXFP8_E5M2 for MXFP8 and NVFP4, FP8_1x128 for FP8 blockwise) and re-quantizes the saved
-    operands along the backward contracting axes (see ``recipe``).
+    MXFP8_E5M2 for MXFP8 and NVFP4, FP8_1x128 for FP8 blockwise, FP8_TENSOR for FP8_TENSOR) and
+    re-quantizes the saved operands along the backward contracting axes (see ``recipe``).
     """
     del precision
     what = "scaled_dot_general"

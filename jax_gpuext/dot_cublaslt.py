@@ -4,8 +4,8 @@
   (``VEC128_32F``) x rhs FP8_128x128 (``BLK128x128_32F``) or FP8_1x128.
 - Blackwell (sm_10x), cuBLAS >= 12.8: MXFP8 (``VEC32_UE8M0``) and NVFP4 (``VEC16_UE4M3``),
   scales in the 128x4 tiled layout.
-- Any FP8 GPU: per-tensor FP8 (``SCALAR_32F``), used by the benchmark as the baseline
-  (``per_tensor_fp8_dot``).
+- Any FP8 GPU (sm_89+): per-tensor FP8, FP8_TENSOR x FP8_TENSOR (``SCALAR_32F``): the classic
+  recipe, and the benchmark's per-tensor baseline.
 
 Layout. cuBLASLt is column-major; our canonical operands are row-major ``lhs (B, M, K)`` and
 ``rhs (B, N, K)``. Computing ``out^T (N x M, column-major) = rhs (op T) . lhs (op N)`` makes
@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_gpuext import _ffi, _libs, backends, formats, gates
+from jax_gpuext import _ext, _ffi, _libs, backends, formats, gates
 from jax_gpuext import dot as _dot
 from jax_gpuext.gates import GateResult
 
@@ -63,6 +63,9 @@ def supports(p) -> GateResult:
             return GateResult(False, f"K={k} is not a multiple of 128")
         if p.has_global_scale:
             return GateResult(False, "FP8 blockwise operands carry no global scale")
+    elif fam == "fp8_tensor":  # SCALAR_32F: every FP8 GPU (the fp8_tensor_cores gate)
+        if k % 16 or n % 16:  # FP8 kernels need 16-byte aligned operand rows and output rows
+            return GateResult(False, f"per-tensor FP8 needs K and N multiples of 16, got K={k}, N={n}")
     elif fam in ("mx", "nvfp4"):
         r = gates.check_all(["blackwell", "cublaslt_mx_scales"])
         if not r.supported:
@@ -114,6 +117,8 @@ def _pack_fp4(data):
 
 
 def _operand(data, scale, info, mode_1d):
+    if info.per_tensor:  # (B, 1, 1): one fp32 scale per batch, which is one scale for all
+        return data, scale.reshape(scale.shape[0], 1), SCALE_SCALAR_32F
     if info.family == "nvfp4":
         return _pack_fp4(data), jax.lax.bitcast_convert_type(_tile_128x4(scale), jnp.uint8), SCALE_VEC16_UE4M3
     if info.family == "mx":
@@ -131,14 +136,14 @@ def _element_code(info) -> int:
 def _call(a, sa, mode_a, code_a, b, sb, mode_b, code_b, alpha, k, out_dtype):
     """cuBLASLt on canonical operands: a = our lhs (B, M, ...), b = our rhs (B, N, ...)."""
     bsz, m, n = a.shape[0], a.shape[1], b.shape[1]
-    path = _libs.path("cublaslt") or ""
+    _ext.set_library_path("cublaslt", _libs.path("cublaslt"))
     out, _ = _ffi.ffi_call(
         TARGET,
         (jax.ShapeDtypeStruct((bsz, m, n), out_dtype), jax.ShapeDtypeStruct((WORKSPACE_BYTES,), jnp.uint8)),
         a, sa, b, sb, jnp.concatenate([alpha.astype(jnp.float32), jnp.zeros((1,), jnp.float32)]),
         vmap_method="sequential",
         k=np.int64(k), lhs_scale_mode=np.int32(mode_a), rhs_scale_mode=np.int32(mode_b),
-        lhs_type=np.int32(code_a), rhs_type=np.int32(code_b), library=path)
+        lhs_type=np.int32(code_a), rhs_type=np.int32(code_b))
     return out
 
 
@@ -156,26 +161,8 @@ def impl(lhs, rhs, p, sel):
     return _dot.from_canonical(out, p)
 
 
-def per_tensor_fp8_dot(a, b, a_scale, b_scale, out_dtype=jnp.bfloat16):
-    """``a (M, K) fp8 . b (N, K)^T fp8 * a_scale * b_scale`` with per-tensor fp32 scales.
-
-    The classic FP8 recipe (``SCALAR_32F``); the benchmark's baseline. GPU only.
-    """
-    gates.require("cuda_extension", "per_tensor_fp8_dot")
-    gates.require("cublaslt_dot_built", "per_tensor_fp8_dot")
-    code = {jnp.dtype(jnp.float8_e4m3fn): 0, jnp.dtype(jnp.float8_e5m2): 1}
-    if a.dtype not in code or b.dtype not in code or a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1]:
-        raise TypeError(f"per_tensor_fp8_dot: a (M, K) and b (N, K) must be FP8 with equal K, got "
-                        f"{a.shape} {a.dtype} and {b.shape} {b.dtype}")
-    sa = jnp.asarray(a_scale, jnp.float32).reshape(1, 1)
-    sb = jnp.asarray(b_scale, jnp.float32).reshape(1, 1)
-    out = _call(a[None], sa, SCALE_SCALAR_32F, code[a.dtype], b[None], sb, SCALE_SCALAR_32F, code[b.dtype],
-                jnp.ones((1,), jnp.float32), a.shape[1], jnp.dtype(out_dtype))
-    return out[0]
-
-
 def register() -> None:
     gates_needed = ("cuda_extension", "cuda_device", "cuda_driver", "fp8_tensor_cores", "cublaslt_dot_built")
     _dot.register_impl("cublaslt", backends.Backend(
         "cublaslt", ("cuda",), gates_needed,
-        "cuBLASLt block-scaled FP8/FP4 matmul (Hopper: 1x128/128x128; Blackwell: MXFP8/NVFP4)", supports), impl)
+        "cuBLASLt scaled FP8/FP4 matmul (per-tensor FP8; Hopper: 1x128/128x128; Blackwell: MXFP8/NVFP4)", supports), impl)

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_gpuext import _ffi, _libs, backends, formats, gates
+from jax_gpuext import _ext, _ffi, _libs, backends, formats, gates
 from jax_gpuext import dot as _dot
 from jax_gpuext.gates import GateResult
 
@@ -70,6 +70,7 @@ def impl(lhs, rhs, p, sel):
     elif fused:
         backends.note(sel, "global scale fused into the cuDNN graph (cuDNN >= 9.13)")
     bsz, m, n = la.shape[0], la.shape[1], ra.shape[1]
+    _ext.set_library_path("cudnn", _libs.path("cudnn"))
     out, _ = _ffi.ffi_call(
         TARGET,
         (jax.ShapeDtypeStruct((bsz, m, n), out_dtype), jax.ShapeDtypeStruct((WORKSPACE_BYTES,), jnp.uint8)),
@@ -77,11 +78,32 @@ def impl(lhs, rhs, p, sel):
         vmap_method="sequential",
         k=np.int64(k), lhs_type=np.int32(_element_code(p.lhs_format)),
         rhs_type=np.int32(_element_code(p.rhs_format)), fuse_alpha=np.int32(bool(fused)),
-        graph_safe=np.int32(gates.check("cudnn_graph_safety_notes").supported),
-        library=_libs.path("cudnn") or "")
+        graph_safe=np.int32(gates.check("cudnn_graph_safety_notes").supported))
     if p.has_global_scale and not fused:
         out = (out * alpha[0]).astype(p.out_dtype)
     return _dot.from_canonical(out, p)
+
+
+_OUT_CODES = {jnp.dtype(jnp.bfloat16): 0, jnp.dtype(jnp.float16): 1, jnp.dtype(jnp.float32): 2}
+
+
+def probe(lhs_format, rhs_format, m: int, n: int, k: int, *, batch: int = 1, out_dtype=jnp.bfloat16,
+          fuse_alpha: bool = False, drop_cublaslt_plans: bool = False) -> dict:
+    """Asks this GPU's cuDNN directly, past our gates, whether it builds the block-scaled matmul
+    graph of this backend for one problem: ``{"supported", "reason", "workspace_bytes"}``.
+
+    Nothing runs and nothing is cached. For recording what cuDNN supports on a GPU the
+    ``blackwell`` gate excludes (benchmarks/probe_cudnn.py; issue 4 asks for the H100).
+    """
+    infos = [_dot.format_info(f) for f in (lhs_format, rhs_format)]
+    if any(i.family not in ("mx", "nvfp4") for i in infos):
+        raise ValueError(f"dot_cudnn.probe: the cuDNN graph takes MXFP8/NVFP4, got {lhs_format}, {rhs_format}")
+    for g in ("cuda_extension", "cudnn_dot_built", "cuda_device"):
+        gates.require(g, "dot_cudnn.probe")
+    ok, why, ws = _ext.module("cuda").cudnn_probe(
+        _libs.path("cudnn") or "", batch, m, n, k, _element_code(infos[0]), _element_code(infos[1]),
+        _OUT_CODES[jnp.dtype(out_dtype)], bool(fuse_alpha), bool(drop_cublaslt_plans), WORKSPACE_BYTES)
+    return {"supported": bool(ok), "reason": why, "workspace_bytes": int(ws)}
 
 
 def register() -> None:

@@ -1,4 +1,5 @@
-"""Block-scaled formats: MXFP8 (E4M3 / E5M2), NVFP4 and FP8 blockwise (1x128, 128x128).
+"""Block-scaled formats: MXFP8 (E4M3 / E5M2), NVFP4, FP8 blockwise (1x128, 128x128) and
+per-tensor FP8 (FP8_TENSOR: the FP8 blockwise rule with the whole tensor as the block).
 
 ``quantize(x, fmt)`` returns a :class:`BlockScaledArray` (data, per-block scales, optional
 per-tensor global scale); ``dequantize(q)`` turns it back into floats. Three implementations
@@ -29,7 +30,8 @@ SCALE_ROUNDINGS = ("up", "ocp")
 
 @dataclasses.dataclass(frozen=True)
 class BlockFormat:
-    """A block-scaled format. ``block`` is (n,) along one axis or (r, c) over the last two axes.
+    """A block-scaled format. ``block`` is (n,) along one axis, (r, c) over the last two axes, or
+    () for one scale over the whole tensor (FP8_TENSOR).
 
     ``code`` is the value of the ``format`` attribute of our custom calls (keep in step with
     ``csrc/formats/block_scaled_math.h``).
@@ -47,6 +49,10 @@ class BlockFormat:
         return float(jnp.finfo(self.elem_dtype).max)
 
     @property
+    def per_tensor(self) -> bool:
+        return len(self.block) == 0
+
+    @property
     def is_mx(self) -> bool:
         return self.scale_dtype == jnp.float8_e8m0fnu
 
@@ -60,7 +66,9 @@ NVFP4 = BlockFormat("NVFP4", jnp.dtype(jnp.float4_e2m1fn), jnp.dtype(jnp.float8_
                     has_global_scale=True)
 FP8_1x128 = BlockFormat("FP8_1x128", jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float32), (128,), 3)
 FP8_128x128 = BlockFormat("FP8_128x128", jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float32), (128, 128), 4)
-FORMATS = {f.name: f for f in (MXFP8_E4M3, MXFP8_E5M2, NVFP4, FP8_1x128, FP8_128x128)}
+# Per-tensor FP8 ("current scaling"): what cuBLASLt's SCALAR_32F mode multiplies in on any FP8 GPU.
+FP8_TENSOR = BlockFormat("FP8_TENSOR", jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float32), (), 5)
+FORMATS = {f.name: f for f in (MXFP8_E4M3, MXFP8_E5M2, NVFP4, FP8_1x128, FP8_128x128, FP8_TENSOR)}
 _ROUNDING_CODES = {"up": 0, "ocp": 1}
 # How XLA lays out float4_e2m1fn buffers, per platform: False = one value per byte (low nibble),
 # True = two per byte, element 2i in the low nibble. FFI buffers cannot tell (their size_bytes()
@@ -115,7 +123,8 @@ def _check_format(fmt) -> BlockFormat:
 
 
 def _normalize_axis(axis, ndim: int, fmt: BlockFormat, shape) -> int:
-    """Returns the axis as a negative index."""
+    """Returns the axis as a negative index (FP8_TENSOR keeps it only as the default contracting
+    axis of block_scaled_dot: its one scale covers every axis)."""
     if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
         raise TypeError(f"axis must be an int, got {axis!r}")
     if len(fmt.block) == 2:
@@ -131,6 +140,8 @@ def _normalize_axis(axis, ndim: int, fmt: BlockFormat, shape) -> int:
 
 def scale_shape(shape, fmt: BlockFormat, axis: int = -1) -> tuple[int, ...]:
     """Shape of the scales of an array of ``shape``: partial blocks count as whole ones."""
+    if fmt.per_tensor:
+        return ()
     shape = list(shape)
     if len(fmt.block) == 2:
         shape[-2] = -(-shape[-2] // fmt.block[0])
@@ -181,7 +192,8 @@ def quantize(x, fmt, *, axis: int = -1, scale_rounding: str = "up", global_scale
              backend: str = "auto") -> BlockScaledArray:
     """Quantizes ``x`` (float32 / bfloat16 / float16) to block format ``fmt``.
 
-    ``axis``: the axis blocks run along (1-D formats; FP8_128x128 always blocks the last two).
+    ``axis``: the axis blocks run along (1-D formats; FP8_128x128 always blocks the last two;
+    FP8_TENSOR has one scale and keeps ``axis`` only as block_scaled_dot's default contraction).
     ``scale_rounding``: "up" rounds the scale up so nothing saturates (jax.nn, cuDNN, TE);
     "ocp" is OCP MX v1.0's floor rule (elements saturate), MX formats only.
     ``global_scale``: NVFP4's fp32 dequantisation scale; default amax / (6 * 448).
@@ -265,6 +277,10 @@ def _quantize_blocks(bits, amax, fmt: BlockFormat, rounding: str, g_bits):
 
 def _quantize_reference(x, fmt: BlockFormat, axis: int, rounding: str, g):
     bits = ref.to_f32_bits(x)
+    if fmt.per_tensor:  # one block: the whole tensor (initial=0: an empty tensor gets scale 1)
+        amax = jnp.max(bits & jnp.uint32(ref.F32_ABS_MASK), initial=np.uint32(0))
+        codes, scale = ref.fp8_blockwise_quantize_blocks(bits, amax)
+        return _codes_to_elements(codes, fmt.elem_dtype), _scale_from_bits(scale, fmt)
     g_bits = None if g is None else _broadcast_leading(lax.bitcast_convert_type(g, jnp.uint32), x.ndim)
     if len(fmt.block) == 2:
         blocked, mn = _blocked_2d(bits, fmt.block)
@@ -347,6 +363,8 @@ def dequantize(q: BlockScaledArray, dtype=jnp.float32, *, backend: str = "auto")
 
 def _expand_scale(scale, fmt: BlockFormat, axis: int, shape):
     """Per-block values repeated to per-element, cropped to the logical shape."""
+    if fmt.per_tensor:
+        return jnp.broadcast_to(scale, shape)
     if len(fmt.block) == 2:
         s = jnp.repeat(jnp.repeat(scale, fmt.block[0], axis=-2), fmt.block[1], axis=-1)
         return s[..., : shape[-2], : shape[-1]]

@@ -18,7 +18,7 @@ from jax import lax
 import jax_gpuext as gx
 from jax_gpuext import UnsupportedError, dot as dot_mod
 
-FORMATS_1D = [gx.MXFP8_E4M3, gx.MXFP8_E5M2, gx.NVFP4, gx.FP8_1x128]
+FORMATS_1D = [gx.MXFP8_E4M3, gx.MXFP8_E5M2, gx.NVFP4, gx.FP8_1x128, gx.FP8_TENSOR]
 
 
 # --------------------------------------------------------------------------- float64 NumPy math
@@ -28,7 +28,9 @@ def np_dequant(q) -> np.ndarray:
     scale = np.asarray(q.scale.astype(jnp.float32), np.float64)
     nd = data.ndim
     blocks = q.format.block
-    if len(blocks) == 2:
+    if not blocks:  # FP8_TENSOR: one scale
+        s = scale
+    elif len(blocks) == 2:
         r = np.arange(data.shape[-2]) // blocks[0]
         c = np.arange(data.shape[-1]) // blocks[1]
         s = scale[..., r, :][..., c]
@@ -161,8 +163,8 @@ def _np_grads(x, w, g, rec):
     return dx, dwt.T
 
 
-@pytest.mark.parametrize("fmt", [gx.MXFP8_E4M3, gx.NVFP4, (gx.FP8_1x128, gx.FP8_128x128)],
-                         ids=["mxfp8", "nvfp4", "fp8_blockwise"])
+@pytest.mark.parametrize("fmt", [gx.MXFP8_E4M3, gx.NVFP4, (gx.FP8_1x128, gx.FP8_128x128), gx.FP8_TENSOR],
+                         ids=["mxfp8", "nvfp4", "fp8_blockwise", "fp8_per_tensor"])
 def test_grads_match_reference_vjp(fmt):
     x, w = rand(11, (24, 256)), rand(12, (256, 40), 0.05)
     g = rand(13, (24, 40))
@@ -186,6 +188,25 @@ def test_recipe_defaults():
     assert (r.grad, r.lhs_bwd, r.rhs_bwd) == (gx.MXFP8_E5M2, gx.MXFP8_E4M3, gx.MXFP8_E4M3)
     r = dot_mod.recipe((gx.FP8_1x128, gx.FP8_128x128))
     assert (r.grad, r.lhs_bwd, r.rhs_bwd) == (gx.FP8_1x128, gx.FP8_1x128, gx.FP8_128x128)
+    r = dot_mod.recipe(gx.FP8_TENSOR)  # E4M3 both ways (design.md)
+    assert (r.grad, r.lhs_bwd, r.rhs_bwd) == (gx.FP8_TENSOR, gx.FP8_TENSOR, gx.FP8_TENSOR)
+
+
+def test_per_tensor_contracts_any_axis_and_cublaslt_alignment():
+    """One FP8_TENSOR scale covers every axis, so any axis may be contracted; cuBLASLt's FP8
+    alignment (K, N multiples of 16) is checked in supports(), before any GPU is involved."""
+    from jax_gpuext import dot_cublaslt
+
+    x, w = gx.quantize(rand(40, (6, 48), 2.0), gx.FP8_TENSOR), gx.quantize(rand(41, (48, 32)), gx.FP8_TENSOR)
+    dn = (((1,), (0,)), ((), ()))  # w was "quantized along" axis -1, contracted along 0
+    y = gx.block_scaled_dot(x, w, dn, preferred_element_type=jnp.float32)
+    want, mag = np_block_scaled_dot(x, w, dn)
+    assert_close_to_f64(y, want, mag)
+    assert dot_cublaslt.supports(dot_mod._problem(x, w, dn, jnp.dtype(jnp.bfloat16))).supported
+    w40 = gx.quantize(rand(42, (40, 32)), gx.FP8_TENSOR)
+    x40 = gx.quantize(rand(43, (6, 40)), gx.FP8_TENSOR)
+    r = dot_cublaslt.supports(dot_mod._problem(x40, w40, dn, jnp.dtype(jnp.bfloat16)))
+    assert not r.supported and "K=40" in r.reason
 
 
 def test_scaled_dot_general_batch_dims_vmap_and_jit():
@@ -301,6 +322,8 @@ def _gpu_case(fmt_l, fmt_r, m=256, n=512, k=1024):
 
 
 GPU_FORMATS = [
+    pytest.param(gx.FP8_TENSOR, gx.FP8_TENSOR, "cublaslt",
+                 marks=pytest.mark.gates("fp8_tensor_cores", "cublaslt_dot_built"), id="cublaslt-fp8-per-tensor"),
     pytest.param(gx.FP8_1x128, gx.FP8_128x128, "cublaslt", marks=pytest.mark.gates("hopper", "cublaslt_dot_built"),
                  id="cublaslt-fp8-1x128x128x128"),
     pytest.param(gx.FP8_1x128, gx.FP8_1x128, "cublaslt", marks=pytest.mark.gates("hopper", "cublaslt_dot_built"),
@@ -326,10 +349,16 @@ def test_gpu_backend_matches_reference(fmt_l, fmt_r, backend):
                                atol=1e-3 * float(jnp.abs(ref).max()))
     hlo = f.lower(lhs, rhs).compile().as_text()
     assert f"gpuext_block_scaled_dot_{backend}" in hlo
+    # the library path reaches the handler through _cuda.set_library_path, not the program
+    from jax_gpuext import _ext, _libs
+
+    lib = "cudnn" if backend == "cudnn" else "cublaslt"
+    assert _ext.module("cuda").library_path(lib) == _libs.path(lib)
+    assert _libs.path(lib) not in hlo
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt_l,fmt_r,backend", GPU_FORMATS[:1] + GPU_FORMATS[2:3])
+@pytest.mark.parametrize("fmt_l,fmt_r,backend", GPU_FORMATS[:2] + GPU_FORMATS[3:4])
 @pytest.mark.parametrize("command_buffer", ["", "CUSTOM_CALL"])
 def test_gpu_command_buffer(fmt_l, fmt_r, backend, command_buffer):
     lhs, rhs = _gpu_case(fmt_l, fmt_r)
@@ -340,6 +369,29 @@ def test_gpu_command_buffer(fmt_l, fmt_r, backend, command_buffer):
     for _ in range(3):  # replays of the recorded graph must give the same answer
         np.testing.assert_allclose(np.asarray(f(lhs, rhs)), np.asarray(ref), rtol=1e-3,
                                    atol=1e-3 * float(jnp.abs(ref).max()))
+
+
+@pytest.mark.gpu
+@pytest.mark.gates("fp8_tensor_cores", "cublaslt_dot_built")
+def test_gpu_per_tensor_batched_and_vmapped():
+    """A batched dot shares the one per-tensor scale; under vmap each example has its own."""
+    def close(got, want):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-3,
+                                   atol=1e-3 * float(jnp.abs(want).max()))
+
+    a = gx.quantize(rand(34, (3, 64, 256)), gx.FP8_TENSOR)
+    b = gx.quantize(rand(35, (3, 128, 256), 0.1), gx.FP8_TENSOR)
+    dn = (((2,), (2,)), ((0,), (0,)))
+    batched = lambda be: jax.jit(lambda p, q: gx.block_scaled_dot(  # noqa: E731
+        p, q, dn, preferred_element_type=jnp.float32, backend=be))
+    close(batched("cublaslt")(a, b), batched("reference")(a, b))
+
+    xs = rand(36, (4, 32, 128)) * jnp.array([1.0, 10.0, 100.0, 1000.0])[:, None, None]
+    qs = jax.vmap(lambda v: gx.quantize(v, gx.FP8_TENSOR))(xs)  # four scales
+    w = gx.quantize(rand(37, (64, 128)), gx.FP8_TENSOR)
+    vmapped = lambda be: jax.jit(jax.vmap(lambda q: gx.block_scaled_dot(  # noqa: E731
+        q, w, preferred_element_type=jnp.float32, backend=be)))
+    close(vmapped("cublaslt")(qs), vmapped("reference")(qs))
 
 
 @pytest.mark.gpu

@@ -16,7 +16,8 @@ import _formats_numpy as npref
 import jax_gpuext as gx
 from jax_gpuext import formats
 
-FORMATS = list(formats.FORMATS.values())
+# The block formats; FP8_TENSOR (one scale per tensor) has its own tests at the end.
+FORMATS = [f for f in formats.FORMATS.values() if not f.per_tensor]
 IDS = [f.name for f in FORMATS]
 DTYPES = [np.float32, ml_dtypes.bfloat16, np.float16]
 ELEM = {"e4m3": npref.E4M3, "e5m2": npref.E5M2, "e2m1": npref.E2M1}
@@ -305,3 +306,69 @@ def test_errors():
     with pytest.raises(TypeError, match="dtype must be float32, bfloat16 or float16"):
         gx.dequantize(gx.quantize(x, gx.MXFP8_E4M3), jnp.int8)
     assert gx.quantize(x, "NVFP4").format is gx.NVFP4
+
+
+# --------------------------------------------------------------------------- FP8_TENSOR
+def expected_per_tensor(x):
+    """FP8_TENSOR of each x[i] (a tensor per leading index): (values, scales) by the FP8 blockwise
+    rule of tests/_formats_numpy.py with the whole tensor as the block."""
+    flat = np.asarray(x, np.float64).reshape(x.shape[0], -1)
+    data, scale = npref.fp8_blockwise(flat, -1)
+    return np.broadcast_to(data, flat.shape).reshape(x.shape), scale[:, 0]
+
+
+@functools.cache
+def per_tensor_quantizer(backend):
+    """One FP8_TENSOR quantization per leading index, through vmap (the batched handler path)."""
+    return jax.jit(jax.vmap(lambda v: gx.quantize(v, gx.FP8_TENSOR, backend=backend)))
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16", "float16"])
+def test_per_tensor_bit_exact_10k_tensors(backend, dtype):
+    """10,000 small tensors with their own binary exponents, specials included (a NaN or Inf
+    anywhere makes that whole tensor NaN); data, scale and dequantized values bit for bit."""
+    x = random_blocks(21, NBLOCKS, (3, 11), dtype)
+    q = per_tensor_quantizer(backend)(x)
+    values, scale = expected_per_tensor(x)
+    assert q.scale.shape == (NBLOCKS,) and q.data.shape == x.shape
+    assert_bits_equal(q.data, elem_bits(values, gx.FP8_TENSOR), f"FP8_TENSOR {backend} data")
+    assert_bits_equal(q.scale, scale_bits(scale, gx.FP8_TENSOR), f"FP8_TENSOR {backend} scale")
+    out = np.float32 if dtype is np.float32 else dtype
+    y = jax.jit(jax.vmap(lambda v: gx.dequantize(v, out, backend=backend)))(q)
+    expected = npref.dequant(np.asarray(q.data).astype(np.float64), scale[:, None, None], out)
+    assert_bits_equal(y, as_bits(expected), f"FP8_TENSOR {backend} dequantized")
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_per_tensor_one_scale_for_any_shape_and_axis(backend):
+    x = (np.random.default_rng(8).standard_normal((3, 150, 131)) * 10).astype(np.float32)
+    values, scale = expected_per_tensor(x[None])
+    for axis in (-1, 0, 1):
+        q = jax.jit(lambda v: gx.quantize(v, gx.FP8_TENSOR, axis=axis, backend=backend))(x)
+        assert q.scale.shape == () and q.axis == (axis - 3 if axis >= 0 else axis)
+        assert_bits_equal(q.data, elem_bits(values[0], gx.FP8_TENSOR), f"FP8_TENSOR axis={axis} {backend}")
+        assert_bits_equal(q.scale, scale_bits(scale[0], gx.FP8_TENSOR), f"FP8_TENSOR axis={axis} scale")
+    y = np.asarray(gx.dequantize(q, backend=backend))
+    amax = np.abs(x).max()
+    assert (np.abs(y - x) <= amax * 2.0 ** -4).all()  # half an E4M3 ulp at the top binade (docs/formats.md)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_per_tensor_specials_and_empty(backend):
+    x = np.ones((4, 8), np.float32)
+    x[2, 5] = np.inf
+    y = np.asarray(gx.dequantize(gx.quantize(x, gx.FP8_TENSOR, backend=backend), backend=backend))
+    assert np.isnan(y).all()
+    z = gx.quantize(np.zeros((4, 8), np.float32), gx.FP8_TENSOR, backend=backend)
+    assert float(z.scale) == 1.0 and not np.asarray(z.data.astype(jnp.float32)).any()
+    e = gx.quantize(np.zeros((0, 8), np.float32), gx.FP8_TENSOR, backend=backend)
+    assert e.data.shape == (0, 8) and float(e.scale) == 1.0
+    # a vmapped batch of empty tensors still gets one scale each
+    ev = per_tensor_quantizer(backend)(np.zeros((3, 0, 8), np.float32))
+    np.testing.assert_array_equal(np.asarray(ev.scale), np.ones(3, np.float32))
+
+
+def test_per_tensor_lowers_to_our_custom_calls():
+    text = jax.jit(lambda v: gx.quantize(v, gx.FP8_TENSOR).dequantize()).lower(jnp.ones((4, 64))).as_text()
+    assert "gpuext_quantize" in text and "gpuext_dequantize" in text

@@ -1,6 +1,8 @@
 // Block-scaled quantize / dequantize entry points: raw pointers, sizes, a stream, a Status.
 // The array is viewed as [outer, K, inner] with blocks of `block` along K (1-D formats) or as
 // [outer, M, N] with 128x128 tiles (FP8_128x128, `inner` == 1, K == M, `cols` == N).
+// FP8_TENSOR is [outer, K] with one block of K (`inner` == 1, `block` == max(K, 1)): `outer`
+// counts the tensors (vmap's batch), each with one scale, even when K == 0.
 // `global_scale` holds `global_count` fp32 values, one per run of outer / global_count leading
 // rows (vmap batch dims come first). FP4 elements are one per byte (low nibble) unless
 // `fp4_packed`, then two per byte, element 2i in the low nibble (the one place that decides).
@@ -22,8 +24,12 @@ struct BlockScaledGeometry {
   bool fp4_packed = false;
 
   GPUEXT_HD bool two_d() const { return format == kFp8Blockwise128x128; }
+  GPUEXT_HD bool per_tensor() const { return format == kFp8PerTensor; }
   GPUEXT_HD int64_t elements() const { return two_d() ? outer * k * cols : outer * k * inner; }
-  GPUEXT_HD int64_t blocks_along() const { return (k + (two_d() ? 128 : block) - 1) / (two_d() ? 128 : block); }
+  GPUEXT_HD int64_t blocks_along() const {
+    if (per_tensor()) return 1;
+    return (k + (two_d() ? 128 : block) - 1) / (two_d() ? 128 : block);
+  }
   GPUEXT_HD int64_t block_cols() const { return (cols + 127) / 128; }
 };
 

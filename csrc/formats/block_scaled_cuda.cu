@@ -8,7 +8,14 @@
 //  - QuantizeStrided1d: any other 1-D layout: a thread owns one block column (adjacent threads
 //    take adjacent inner indices, so loads coalesce); it reads its block twice (second time L1/L2).
 //  - QuantizeTiles128: FP8_128x128: one 256-thread CTA per tile, 64 values per thread in registers.
+//  - FP8_TENSOR cannot be one pass: no element can be rounded before the whole tensor's amax is
+//    known. Three stream-ordered kernels (no host sync, so CUDA-graph safe): TensorAmax reduces
+//    |x| bits into the zeroed scale slots with atomicMax, QuantizeTensor rounds each element with
+//    the scale derived from its tensor's amax, FinalizeTensorScale overwrites each amax with the
+//    scale. The input is read twice: 2 reads + 1 write is the floor for per-tensor scaling.
 #include <cuda_runtime.h>
+
+#include <algorithm>
 
 #include "csrc/common/cuda_check.h"
 #include "csrc/formats/block_scaled_cuda.h"
@@ -149,6 +156,59 @@ __global__ void QuantizeTiles128(QuantizeArgs a) {
   }
 }
 
+// FP8_TENSOR. blockIdx.y walks the tensors (vmap's batch); x-blocks stride over one tensor's
+// elements, kVec: 8 per step (aligned, K % 8 == 0), else one.
+template <bool kVec>
+__global__ void TensorAmax(QuantizeArgs a) {
+  const BlockScaledGeometry& g = a.geo;
+  const int64_t step = int64_t(gridDim.x) * blockDim.x * (kVec ? kChunk : 1);
+  for (int64_t o = blockIdx.y; o < g.outer; o += gridDim.y) {
+    uint32_t amax = 0;
+    for (int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * (kVec ? kChunk : 1); i < g.k; i += step) {
+      if constexpr (kVec) {
+        uint32_t v[kChunk];
+        LoadChunk(a.x, a.in_type, o * g.k + i, v);
+#pragma unroll
+        for (int j = 0; j < kChunk; ++j) amax = max(amax, v[j] & kF32AbsMask);
+      } else {
+        amax = max(amax, LoadInputBits(a.x, a.in_type, o * g.k + i) & kF32AbsMask);
+      }
+    }
+    for (int off = 16; off > 0; off >>= 1) amax = max(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+    if (threadIdx.x % 32 == 0 && amax != 0) atomicMax(static_cast<unsigned int*>(a.scale) + o, amax);
+  }
+}
+
+template <bool kVec>
+__global__ void QuantizeTensor(QuantizeArgs a) {
+  const BlockScaledGeometry& g = a.geo;
+  const int64_t step = int64_t(gridDim.x) * blockDim.x * (kVec ? kChunk : 1);
+  for (int64_t o = blockIdx.y; o < g.outer; o += gridDim.y) {
+    // The slot still holds the amax: FinalizeTensorScale runs after this kernel.
+    const uint32_t amax = static_cast<const uint32_t*>(a.scale)[o];
+    const BlockScale s = ComputeBlockScale(g.format, a.scale_rounding, amax, kF32One);
+    for (int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * (kVec ? kChunk : 1); i < g.k; i += step) {
+      const int64_t e = o * g.k + i;
+      if constexpr (kVec) {
+        uint32_t v[kChunk], codes[kChunk];
+        LoadChunk(a.x, a.in_type, e, v);
+#pragma unroll
+        for (int j = 0; j < kChunk; ++j) codes[j] = QuantizeElement(g.format, s, v[j]);
+        StoreChunk(a.data, false, e, codes);
+      } else {
+        static_cast<uint8_t*>(a.data)[e] = uint8_t(QuantizeElement(g.format, s, LoadInputBits(a.x, a.in_type, e)));
+      }
+    }
+  }
+}
+
+__global__ void FinalizeTensorScale(QuantizeArgs a) {
+  const int64_t o = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (o >= a.geo.outer) return;
+  uint32_t* slot = static_cast<uint32_t*>(a.scale) + o;
+  *slot = ComputeBlockScale(a.geo.format, a.scale_rounding, *slot, kF32One).stored;
+}
+
 __global__ void Dequantize(DequantizeArgs a) {
   const BlockScaledGeometry& g = a.geo;
   const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -171,10 +231,39 @@ int64_t Blocks(int64_t n, int threads) { return (n + threads - 1) / threads; }
 
 bool Aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
+Status QuantizePerTensor(cudaStream_t stream, const QuantizeArgs& a) {
+  const BlockScaledGeometry& g = a.geo;
+  if (g.outer == 0) return Status::Ok();
+  // amax slots start at +0.0 bits: an empty or all-zero tensor keeps amax 0 (scale 1).
+  GPUEXT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(a.scale, 0, size_t(g.outer) * sizeof(uint32_t), stream));
+  if (g.k > 0) {
+    constexpr int kThreads = 256;
+    const bool vec = g.k % kChunk == 0 && Aligned(a.x, 16) && Aligned(a.data, 8);
+    const int64_t per_step = int64_t(kThreads) * (vec ? kChunk : 1);
+    // Enough CTAs to fill the GPU a few times over, never more than the elements need.
+    const int64_t x_blocks = std::min<int64_t>(Blocks(g.k, int(per_step)), 1024);
+    const dim3 grid(unsigned(x_blocks), unsigned(std::min<int64_t>(g.outer, 65535)));
+    if (vec) {
+      TensorAmax<true><<<grid, kThreads, 0, stream>>>(a);
+      GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("TensorAmax");
+      QuantizeTensor<true><<<grid, kThreads, 0, stream>>>(a);
+    } else {
+      TensorAmax<false><<<grid, kThreads, 0, stream>>>(a);
+      GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("TensorAmax");
+      QuantizeTensor<false><<<grid, kThreads, 0, stream>>>(a);
+    }
+    GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("QuantizeTensor");
+  }
+  FinalizeTensorScale<<<unsigned(Blocks(g.outer, 256)), 256, 0, stream>>>(a);
+  GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("FinalizeTensorScale");
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status QuantizeCuda(cudaStream_t stream, const QuantizeArgs& a) {
   const BlockScaledGeometry& g = a.geo;
+  if (g.per_tensor()) return QuantizePerTensor(stream, a);  // writes scales even for empty tensors
   if (g.elements() == 0) return Status::Ok();
   constexpr int kThreads = 256;
   if (g.two_d()) {

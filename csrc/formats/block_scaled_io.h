@@ -38,12 +38,12 @@ inline void StoreElementCodeSequential(void* data, bool fp4_packed, int64_t i, u
 }
 
 GPUEXT_HD uint32_t LoadScale(const void* scale, int32_t format, int64_t i) {
-  if (format == kFp8Blockwise1x128 || format == kFp8Blockwise128x128) return static_cast<const uint32_t*>(scale)[i];
+  if (HasF32Scale(format)) return static_cast<const uint32_t*>(scale)[i];
   return static_cast<const uint8_t*>(scale)[i];
 }
 
 GPUEXT_HD void StoreScale(void* scale, int32_t format, int64_t i, uint32_t s) {
-  if (format == kFp8Blockwise1x128 || format == kFp8Blockwise128x128) {
+  if (HasF32Scale(format)) {
     static_cast<uint32_t*>(scale)[i] = s;
   } else {
     static_cast<uint8_t*>(scale)[i] = uint8_t(s);

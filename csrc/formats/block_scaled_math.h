@@ -17,7 +17,15 @@
 namespace gpuext::formats {
 
 // Values of the `format` attribute (jax_gpuext/formats.py BlockFormat.code).
-enum Format : int32_t { kMxfp8E4m3 = 0, kMxfp8E5m2 = 1, kNvfp4 = 2, kFp8Blockwise1x128 = 3, kFp8Blockwise128x128 = 4 };
+// kFp8PerTensor is the FP8 blockwise rule with the whole tensor as the block.
+enum Format : int32_t {
+  kMxfp8E4m3 = 0,
+  kMxfp8E5m2 = 1,
+  kNvfp4 = 2,
+  kFp8Blockwise1x128 = 3,
+  kFp8Blockwise128x128 = 4,
+  kFp8PerTensor = 5,
+};
 enum ScaleRounding : int32_t { kRoundUp = 0, kRoundOcp = 1 };
 enum class FloatType { kF32, kBF16, kF16 };
 
@@ -171,6 +179,7 @@ GPUEXT_HD ElementRule ElementRuleOf(int32_t format) {
 }
 
 GPUEXT_HD bool IsMx(int32_t format) { return format == kMxfp8E4m3 || format == kMxfp8E5m2; }
+GPUEXT_HD bool HasF32Scale(int32_t format) { return format >= kFp8Blockwise1x128; }
 
 // g must be a positive normal fp32; zero, subnormal (lost under FTZ), negative, Inf, NaN are not.
 GPUEXT_HD bool GlobalScaleInvalid(uint32_t g) {
@@ -214,7 +223,7 @@ GPUEXT_HD BlockScale ComputeBlockScale(int32_t format, int32_t rounding, uint32_
     s.m = eff.m;
     return s;
   }
-  // FP8 blockwise: RN(amax / 448), at least 2^-126; 1 for an all-zero block
+  // FP8 blockwise and per-tensor: RN(amax / 448), at least 2^-126; 1 for an all-zero block
   uint32_t bits = kF32One;
   if (amax != 0) {
     Unpacked q = Divide(a.k, a.m, r.max_k, r.max_m);
@@ -248,7 +257,7 @@ GPUEXT_HD uint32_t DequantizeElement(int32_t format, uint32_t code, uint32_t sca
   const bool exp_all_ones = (mag >> f.mbits) == (1u << f.ebits) - 1u;
   const uint32_t frac = mag & ((1u << f.mbits) - 1u);
   bool nan = false;
-  if (format == kMxfp8E4m3 || format >= kFp8Blockwise1x128) nan = mag == f.nan_code;
+  if (format == kMxfp8E4m3 || HasF32Scale(format)) nan = mag == f.nan_code;
   if (format == kMxfp8E5m2) {
     nan = exp_all_ones && frac != 0;
     if (exp_all_ones && frac == 0 && scale != kE8M0NaN) return (sign << out.sign_shift()) | (out.max_code + 1);

@@ -39,14 +39,22 @@ inline ffi::ErrorOr<BlockScaledGeometry> GeometryOf(int32_t format, int64_t axis
   auto fail = [](std::string m) {
     return ffi::Unexpected<ffi::Error>(ffi::Error(ffi::ErrorCode::kInvalidArgument, std::move(m)));
   };
-  if (format < kMxfp8E4m3 || format > kFp8Blockwise128x128) return fail("unknown format " + std::to_string(format));
+  if (format < kMxfp8E4m3 || format > kFp8PerTensor) return fail("unknown format " + std::to_string(format));
   BlockScaledGeometry g;
   g.format = format;
   const int64_t rank = int64_t(dims.size());
   if (axis >= 0 || axis < -rank) return fail("axis " + std::to_string(axis) + " must be negative and within rank");
   const int64_t ax = rank + axis;
   int64_t outer = 1;
-  if (g.two_d()) {
+  if (g.per_tensor()) {
+    // The scale's dimensions are the leading (vmap batch) dimensions: one tensor each.
+    const int64_t batch_rank = int64_t(scale.dimensions().size());
+    if (batch_rank > rank) return fail("FP8_TENSOR scale has more dimensions than the data");
+    for (int64_t d = 0; d < batch_rank; ++d) outer *= dims[d];
+    g.k = 1;
+    for (int64_t d = batch_rank; d < rank; ++d) g.k *= dims[d];
+    g.block = g.k > 0 ? g.k : 1;
+  } else if (g.two_d()) {
     if (rank < 2 || axis != -1) return fail("FP8_128x128 needs rank >= 2 and axis -1");
     for (int64_t d = 0; d < rank - 2; ++d) outer *= dims[d];
     g.k = dims[rank - 2];

@@ -3,7 +3,8 @@
 // Operands: lhs (B, M, K | K/2 packed FP4), lhs scales, rhs (B, N, ...), rhs scales, and
 // alpha_beta = {gs_l * gs_r, 0} (float32, device). Results: out (B, M, N) and a workspace
 // sized at trace time. Attributes: k (logical), lhs/rhs_type (0 E4M3, 1 E5M2, 2 packed E2M1),
-// lhs/rhs_scale_mode (cublasLtMatmulMatrixScale_t), library (path of libcublasLt).
+// lhs/rhs_scale_mode (cublasLtMatmulMatrixScale_t). libcublasLt comes from the path Python set
+// (ffi/common/library_paths.h).
 //
 // kCmdBufferCompatible (REFERENCE section 2): the algorithm is chosen on the first call for a
 // shape and cached for the process, so every call launches the same cuBLASLt kernels on the
@@ -16,6 +17,7 @@
 
 #include "csrc/dot/cublaslt_block_scaled.h"
 #include "ffi/common/ffi_util.h"
+#include "ffi/common/library_paths.h"
 #include "ffi/common/nvtx.h"
 #include "ffi/common/registry.h"
 
@@ -36,8 +38,7 @@ ffi::Error BlockScaledDotCublasLtImpl(cudaStream_t stream, ffi::AnyBuffer lhs, f
                                       ffi::AnyBuffer rhs, ffi::AnyBuffer rhs_scale,
                                       ffi::Buffer<ffi::F32> alpha_beta, ffi::Result<ffi::AnyBuffer> out,
                                       ffi::Result<ffi::AnyBuffer> workspace, int64_t k, int32_t lhs_type,
-                                      int32_t rhs_type, int32_t lhs_scale_mode, int32_t rhs_scale_mode,
-                                      std::string_view library) {
+                                      int32_t rhs_type, int32_t lhs_scale_mode, int32_t rhs_scale_mode) {
   NvtxRange range("gpuext_block_scaled_dot_cublaslt");
   auto ld = lhs.dimensions(), rd = rhs.dimensions(), od = out->dimensions();
   GPUEXT_FFI_CHECK(ld.size() == 3 && rd.size() == 3 && od.size() == 3,
@@ -82,7 +83,7 @@ ffi::Error BlockScaledDotCublasLtImpl(cudaStream_t stream, ffi::AnyBuffer lhs, f
   p.workspace = workspace->untyped_data();
   p.workspace_bytes = workspace->size_bytes();
   if (p.batch == 0 || p.m == 0 || p.n == 0) return ffi::Error::Success();
-  GPUEXT_FFI_RETURN_IF_ERROR(RunBlockScaledMatmul(std::string(library), p, stream));
+  GPUEXT_FFI_RETURN_IF_ERROR(RunBlockScaledMatmul(LibraryPath("cublaslt"), p, stream));
   return ffi::Error::Success();
 }
 
@@ -102,8 +103,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(BlockScaledDotCublasLtFfi, BlockScaledDotCublasLtI
                                   .Attr<int32_t>("lhs_type")
                                   .Attr<int32_t>("rhs_type")
                                   .Attr<int32_t>("lhs_scale_mode")
-                                  .Attr<int32_t>("rhs_scale_mode")
-                                  .Attr<std::string_view>("library"),
+                                  .Attr<int32_t>("rhs_scale_mode"),
                               {ffi::Traits::kCmdBufferCompatible});
 
 GPUEXT_REGISTER_FFI_TARGET("gpuext_block_scaled_dot_cublaslt", BlockScaledDotCublasLtFfi);

@@ -4,7 +4,8 @@
 // F8_128x4 layout, rhs (B, N, ...), rhs scales, alpha (float32[1], device: gs_l * gs_r).
 // Results: out (B, M, N) and the workspace (sized at trace time, dot_cudnn.WORKSPACE_BYTES).
 // Attributes: k (logical), lhs/rhs_type (0 E4M3, 1 E5M2, 2 packed E2M1), fuse_alpha,
-// graph_safe (drop cuBLASLt-dependent plans; cuDNN >= 9.15), library (path of libcudnn.so.9).
+// graph_safe (drop cuBLASLt-dependent plans; cuDNN >= 9.15). libcudnn.so.9 comes from the path
+// Python set (ffi/common/library_paths.h).
 //
 // Not kCmdBufferCompatible (yet): below cuDNN 9.15 a chosen plan may call cuBLASLt, which is
 // not graph-safe, and the trait cannot depend on the run-time cuDNN version; above it, whether
@@ -16,6 +17,7 @@
 
 #include "csrc/dot/cudnn_block_scaled.h"
 #include "ffi/common/ffi_util.h"
+#include "ffi/common/library_paths.h"
 #include "ffi/common/nvtx.h"
 #include "ffi/common/registry.h"
 
@@ -31,8 +33,7 @@ bool ElementType(int32_t code, CudnnElement* out) {
 ffi::Error BlockScaledDotCudnnImpl(cudaStream_t stream, ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale,
                                    ffi::AnyBuffer rhs, ffi::AnyBuffer rhs_scale, ffi::Buffer<ffi::F32> alpha,
                                    ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace, int64_t k,
-                                   int32_t lhs_type, int32_t rhs_type, int32_t fuse_alpha, int32_t graph_safe,
-                                   std::string_view library) {
+                                   int32_t lhs_type, int32_t rhs_type, int32_t fuse_alpha, int32_t graph_safe) {
   NvtxRange range("gpuext_block_scaled_dot_cudnn");
   auto ld = lhs.dimensions(), rd = rhs.dimensions(), od = out->dimensions();
   auto lsd = lhs_scale.dimensions(), rsd = rhs_scale.dimensions();
@@ -88,7 +89,7 @@ ffi::Error BlockScaledDotCudnnImpl(cudaStream_t stream, ffi::AnyBuffer lhs, ffi:
   p.workspace = workspace->untyped_data();
   p.workspace_bytes = workspace->size_bytes();
   if (p.batch == 0 || p.m == 0 || p.n == 0) return ffi::Error::Success();
-  GPUEXT_FFI_RETURN_IF_ERROR(RunCudnnBlockScaledMatmul(std::string(library), p, stream));
+  GPUEXT_FFI_RETURN_IF_ERROR(RunCudnnBlockScaledMatmul(LibraryPath("cudnn"), p, stream));
   return ffi::Error::Success();
 }
 
@@ -108,8 +109,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(BlockScaledDotCudnnFfi, BlockScaledDotCudnnImpl,
                                   .Attr<int32_t>("lhs_type")
                                   .Attr<int32_t>("rhs_type")
                                   .Attr<int32_t>("fuse_alpha")
-                                  .Attr<int32_t>("graph_safe")
-                                  .Attr<std::string_view>("library"));
+                                  .Attr<int32_t>("graph_safe"));
 
 GPUEXT_REGISTER_FFI_TARGET("gpuext_block_scaled_dot_cudnn", BlockScaledDotCudnnFfi);
 
