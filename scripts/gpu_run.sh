@@ -55,11 +55,12 @@ if [ "$ONLY" != bench ]; then
 fi
 
 if [ "$ONLY" != tests ]; then
-  echo "=== benchmarks"
-  for bench in benchmarks/bench_*.py; do
+  echo "=== benchmarks and probes"
+  for bench in benchmarks/bench_*.py benchmarks/probe_*.py; do
     name=$(basename "$bench" .py)
     args=(--out "$WORK/$name.json")
     [ "$QUICK" = 1 ] && args+=(--quick)
+    [ "$name" = bench_dot ] && args+=(--plot "$WORK/bench_dot.png")  # issue 4's LLM-shape plot
     (cd / && "$PY" "$OLDPWD/$bench" "${args[@]}") 2>&1 | tee "$WORK/$name.txt"
     echo "$name: exit ${PIPESTATUS[0]}"
   done

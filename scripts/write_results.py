@@ -13,14 +13,18 @@ import glob
 import json
 import os
 import re
+import shutil
 import subprocess
 import xml.etree.ElementTree as ET
 
 
 def _nvidia_smi() -> dict:
     fields = "name,driver_version,memory.total,compute_cap,clocks.max.sm,power.limit"
-    out = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip().splitlines()
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
+                             capture_output=True, text=True).stdout.strip().splitlines()
+    except FileNotFoundError:  # no driver tools (the CPU test of this script)
+        return {}
     if not out:
         return {}
     return dict(zip(fields.split(","), [v.strip() for v in out[0].split(",")]))
@@ -64,7 +68,8 @@ def main() -> None:
     info = json.load(open(os.path.join(args.work, "info.json")))
     smi = _nvidia_smi()
     benches = []
-    for path in sorted(glob.glob(os.path.join(args.work, "bench_*.json"))):
+    for path in sorted(glob.glob(os.path.join(args.work, "bench_*.json")) +
+                       glob.glob(os.path.join(args.work, "probe_*.json"))):
         try:
             benches.append(json.load(open(path)))
         except json.JSONDecodeError as e:
@@ -86,6 +91,12 @@ def main() -> None:
         "benchmarks": benches,
     }
     base = os.path.join(args.out_dir, f"{stamp:%Y-%m-%d}-{device}")
+    plots = []
+    for png in sorted(glob.glob(os.path.join(args.work, "*.png"))):  # e.g. bench_dot's LLM-shape chart
+        dest = f"{base}-{os.path.basename(png)}"
+        shutil.copyfile(png, dest)
+        plots.append(os.path.basename(dest))
+    result["plots"] = plots
     with open(base + ".json", "w") as f:
         json.dump(result, f, indent=2)
 
@@ -112,6 +123,7 @@ def main() -> None:
         if b.get("rows"):
             md += [_table(b["rows"]), ""]
         md += [f"- {n}" for n in b.get("notes", [])] + [""]
+    md += [f"![{p}]({p})" for p in plots]
     with open(base + ".md", "w") as f:
         f.write("\n".join(md))
     print(f"wrote {base}.json and {base}.md")

@@ -133,3 +133,25 @@ def test_gpu_auto_picks_cudnn_on_blackwell():
     rhs = gx.quantize(rand(17, (128, 256)), gx.MXFP8_E4M3)
     f = jax.jit(lambda a, b: gx.block_scaled_dot(a, b))
     assert "gpuext_block_scaled_dot_cudnn" in f.lower(lhs, rhs).compile().as_text()
+
+
+# --------------------------------------------------------------------------- probe (benchmarks/probe_cudnn.py)
+def test_probe_rejects_formats_and_names_its_gate():
+    with pytest.raises(ValueError, match="MXFP8/NVFP4"):
+        dot_cudnn.probe(gx.FP8_1x128, gx.FP8_1x128, 128, 128, 128)
+    if not gates.check_all(["cuda_extension", "cudnn_dot_built", "cuda_device"]).supported:
+        with pytest.raises(gx.UnsupportedError, match="dot_cudnn.probe needs gate"):
+            dot_cudnn.probe(gx.MXFP8_E4M3, gx.MXFP8_E4M3, 128, 128, 128)
+
+
+@pytest.mark.gpu
+@pytest.mark.gates("cudnn_dot_built", "cudnn_block_scale")
+def test_gpu_probe_answers_and_agrees_with_the_backend():
+    """The probe never raises on a GPU: it says supported or why not. Where our gates open the
+    backend (Blackwell) the probe must agree that cuDNN builds the graph."""
+    for fmt in (gx.MXFP8_E4M3, gx.NVFP4):
+        r = dot_cudnn.probe(fmt, fmt, 256, 512, 1024)
+        assert isinstance(r["supported"], bool) and (r["supported"] or r["reason"])
+        if gates.check("blackwell").supported:
+            assert r["supported"], r["reason"]
+            assert 0 <= r["workspace_bytes"] <= dot_cudnn.WORKSPACE_BYTES

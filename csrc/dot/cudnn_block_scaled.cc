@@ -230,6 +230,19 @@ Status Build(const CudnnBlockScaledMatmul& p, int device, cudnnHandle_t handle, 
   return Status::Ok();
 }
 
+// The device's handle, created on first use. Caller holds g_mu.
+Status DeviceFor(int device, Device** out) {
+  auto& devices = Devices();
+  auto it = devices.find(device);
+  if (it == devices.end()) {
+    auto fresh = std::make_unique<Device>();
+    GPUEXT_CUDNN_RETURN_IF_ERROR(fe::detail::create_handle(&fresh->handle));
+    it = devices.emplace(device, std::move(fresh)).first;
+  }
+  *out = it->second.get();
+  return Status::Ok();
+}
+
 Status Run(const std::string& library_path, const CudnnBlockScaledMatmul& p, cudaStream_t stream) {
   GPUEXT_RETURN_IF_ERROR(LoadCudnn(library_path));
   int device = 0;
@@ -240,14 +253,7 @@ Status Run(const std::string& library_path, const CudnnBlockScaledMatmul& p, cud
   {
     // One lock for the (rare) builds: graphs are built at most once per key and process.
     std::lock_guard<std::mutex> lock(g_mu);
-    auto& devices = Devices();
-    auto it = devices.find(device);
-    if (it == devices.end()) {
-      auto fresh = std::make_unique<Device>();
-      GPUEXT_CUDNN_RETURN_IF_ERROR(fe::detail::create_handle(&fresh->handle));
-      it = devices.emplace(device, std::move(fresh)).first;
-    }
-    dev = it->second.get();
+    GPUEXT_RETURN_IF_ERROR(DeviceFor(device, &dev));
     Key key{device,
             p.batch,
             p.m,
@@ -282,19 +288,42 @@ Status Run(const std::string& library_path, const CudnnBlockScaledMatmul& p, cud
   return Status::Ok();
 }
 
+Status Probe(const std::string& library_path, const CudnnBlockScaledMatmul& p, int64_t* workspace_bytes) {
+  GPUEXT_RETURN_IF_ERROR(LoadCudnn(library_path));
+  int device = 0;
+  GPUEXT_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(g_mu);
+  Device* dev = nullptr;
+  GPUEXT_RETURN_IF_ERROR(DeviceFor(device, &dev));
+  Entry entry;
+  GPUEXT_RETURN_IF_ERROR(Build(p, device, dev->handle, &entry));
+  *workspace_bytes = entry.workspace_bytes;
+  return Status::Ok();
+}
+
+// The frontend's dynamic-loading shim throws std::runtime_error (missing symbol, no libcudart);
+// nothing may cross the FFI or nanobind boundary as an exception.
+template <typename Fn>
+Status Guarded(const char* what, Fn fn) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    return Status::Error(std::string(what) + " threw: " + e.what());
+  } catch (...) {
+    return Status::Error(std::string(what) + " threw a non-standard exception");
+  }
+}
+
 }  // namespace
+
+Status ProbeCudnnBlockScaledMatmul(const std::string& library_path, const CudnnBlockScaledMatmul& p,
+                                   int64_t* workspace_bytes) {
+  return Guarded("cuDNN block-scaled matmul probe", [&] { return Probe(library_path, p, workspace_bytes); });
+}
 
 Status RunCudnnBlockScaledMatmul(const std::string& library_path, const CudnnBlockScaledMatmul& p,
                                  cudaStream_t stream) {
-  // The frontend's dynamic-loading shim throws std::runtime_error (missing symbol, no libcudart);
-  // nothing may cross the FFI boundary as an exception.
-  try {
-    return Run(library_path, p, stream);
-  } catch (const std::exception& e) {
-    return Status::Error(std::string("cuDNN block-scaled matmul threw: ") + e.what());
-  } catch (...) {
-    return Status::Error("cuDNN block-scaled matmul threw a non-standard exception");
-  }
+  return Guarded("cuDNN block-scaled matmul", [&] { return Run(library_path, p, stream); });
 }
 
 }  // namespace gpuext

@@ -52,4 +52,12 @@ struct CudnnBlockScaledMatmul {
 Status RunCudnnBlockScaledMatmul(const std::string& library_path, const CudnnBlockScaledMatmul& p,
                                  cudaStream_t stream);
 
+// Asks the current device's cuDNN whether it can run `p`, without running it: builds the graph
+// and its plans (validate, operation graph, heuristics, check_support, build_plans) and returns
+// Ok with the plan's workspace size, or the first stage that failed with cuDNN's message. Lets a
+// GPU run record what cuDNN supports where our gates say no (an H100, issue 4). Pointers in `p`
+// are not read; nothing is cached.
+Status ProbeCudnnBlockScaledMatmul(const std::string& library_path, const CudnnBlockScaledMatmul& p,
+                                   int64_t* workspace_bytes);
+
 }  // namespace gpuext

@@ -1,0 +1,71 @@
+"""What this GPU's cuDNN supports for block-scaled matmuls, asked directly (issue 4: "on an H100,
+probe what cuDNN supports and record it"). Our `blackwell` gate keeps the cuDNN backend off
+Hopper; this script goes past the gate and asks cuDNN to build the backend's exact graph
+(block_scale_dequantize x2 + matmul [+ global-scale multiply]) for each format pair, output type
+and a few shapes, then records supported / the failing stage and cuDNN's message. Nothing runs.
+
+    python benchmarks/probe_cudnn.py [--out FILE.json] [--quick]
+
+Refuses to run (exit 2) without a CUDA GPU and a _cuda built with the cuDNN backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", help="write the results as JSON here")
+    p.add_argument("--quick", action="store_true", help="one shape only")
+    args = p.parse_args(argv)
+
+    import jax
+    import jax.numpy as jnp
+
+    import jax_gpuext as gx
+    from jax_gpuext import _libs, dot_cudnn, gates
+
+    ok = gates.check_all(["cuda_extension", "cuda_device", "cudnn_dot_built"])
+    if not ok:
+        print(f"probe_cudnn: needs a CUDA GPU and _cuda built with the cuDNN dot ({ok.reason}); refusing to run",
+              file=sys.stderr)
+        return 2
+    pairs = {"MXFP8 E4M3 x E4M3": (gx.MXFP8_E4M3, gx.MXFP8_E4M3), "MXFP8 E5M2 x E4M3": (gx.MXFP8_E5M2, gx.MXFP8_E4M3),
+             "NVFP4 x NVFP4": (gx.NVFP4, gx.NVFP4)}
+    shapes = [(1, 256, 512, 1024)] if args.quick else [(1, 128, 4096, 4096), (1, 8192, 8192, 8192),
+                                                       (3, 200, 300, 512)]
+    rows = []
+    for name, (fl, fr) in pairs.items():
+        for out in (jnp.bfloat16, jnp.float32):
+            for fuse in ((False, True) if fl is gx.NVFP4 else (False,)):
+                for drop in (False, True):
+                    for b, m, n, k in shapes:
+                        r = dot_cudnn.probe(fl, fr, m, n, k, batch=b, out_dtype=out, fuse_alpha=fuse,
+                                            drop_cublaslt_plans=drop)
+                        rows.append({"formats": name, "out": jnp.dtype(out).name, "fused_global_scale": fuse,
+                                     "drop_cublaslt_plans": drop, "B": b, "M": m, "N": n, "K": k,
+                                     "supported": r["supported"], "workspace_bytes": r["workspace_bytes"],
+                                     "why_not": r["reason"][:300]})
+    version, where = _libs.version("cudnn")
+    dev = jax.devices("cuda")[0]
+    notes = [f"cuDNN {'.'.join(map(str, version)) if version else '?'} ({where}) on {dev.device_kind}",
+             f"{sum(r['supported'] for r in rows)} of {len(rows)} configurations build a plan",
+             "gate blackwell: " + gates.check("blackwell").reason]
+    result = {"benchmark": "cudnn_probe", "device": dev.device_kind, "rows": rows, "notes": notes}
+    print("| formats | out | fused gs | drop cuBLASLt plans | B,M,N,K | supported | why not |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['formats']} | {r['out']} | {r['fused_global_scale']} | {r['drop_cublaslt_plans']} | "
+              f"{r['B']},{r['M']},{r['N']},{r['K']} | {r['supported']} | {r['why_not'][:120]} |")
+    print("\n".join(notes))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""scripts/write_results.py, the last step of the GPU run, on fabricated inputs: a GPU session
+must not lose its numbers to a bug here, so it is checked on CPU in CI."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import jax_gpuext
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_write_results_collects_benchmarks_probes_tests_and_plots(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "results"
+    work.mkdir()
+    out.mkdir()
+    info = subprocess.run([sys.executable, "-P", "-m", "jax_gpuext", "info", "--json"], capture_output=True,
+                          text=True, check=True, cwd=tmp_path).stdout
+    (work / "info.json").write_text(info)
+    (work / "bench_dot.json").write_text(json.dumps(
+        {"benchmark": "bench_dot", "rows": [{"M": 8192, "bf16": 612.5, "cublaslt_fp8_blockwise": 901.25}],
+         "notes": ["a note"]}))
+    (work / "probe_cudnn.json").write_text(json.dumps(
+        {"benchmark": "cudnn_probe", "rows": [{"formats": "MXFP8", "supported": False, "why_not": "sm_90"}]}))
+    (work / "bench_broken.json").write_text("{not json")
+    (work / "gpu-tests.xml").write_text(
+        '<testsuites><testsuite tests="2" failures="1" errors="0" skipped="0">'
+        '<testcase classname="t" name="a" time="0.5"/>'
+        '<testcase classname="t" name="b" time="1"><failure message="x"/></testcase>'
+        '</testsuite></testsuites>')
+    (work / "bench_dot.png").write_bytes(b"\x89PNG fake")
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "write_results.py"), "--work", str(work),
+                    "--out-dir", str(out), "--tests-status", "1"], check=True,
+                   env={"GPU_RUN_COMMIT": "abc123", "PATH": "/usr/bin:/bin"})
+    (js,) = out.glob("*.json")
+    result = json.loads(js.read_text())
+    assert result["commit"] == "abc123"
+    assert result["versions"]["jax"] and "cuda_extension" in result["versions"]
+    assert result["gpu_tests"]["failures"] == 1 and result["gpu_tests"]["exit_status"] == 1
+    names = [b["benchmark"] for b in result["benchmarks"]]
+    assert "bench_dot" in names and "cudnn_probe" in names and "bench_broken.json" in names
+    assert result["plots"] == [js.stem + "-bench_dot.png"] and (out / result["plots"][0]).exists()
+    md = js.with_suffix(".md").read_text()
+    assert "901.2" in md and "612.5" in md and "sm_90" in md and "a note" in md
+    assert f"![{result['plots'][0]}]" in md
+    assert jax_gpuext.__version__  # the package the info came from is importable here
