@@ -385,7 +385,7 @@ _scaled_canonical.defvjp(_scaled_fwd, _scaled_bwd)
 
 
 def scaled_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *,
-                       format=None, grad_format=None, backend: str = "auto") -> jax.Array:
+                       out_sharding=None, format=None, grad_format=None, backend: str = "auto") -> jax.Array:
     """``jax.lax.dot_general`` computed as a block-scaled dot, differentiable.
 
     Drops into ``flax.nnx.Linear(dot_general=...)`` / ``flax.linen.Dense(dot_general=...)`` (use
@@ -393,7 +393,9 @@ def scaled_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_el
     here along their contracting axes (partial blocks allowed). ``format`` is one BlockFormat
     for both operands or a ``(lhs, rhs)`` pair, e.g. ``(FP8_1x128, FP8_128x128)``; default
     MXFP8_E4M3. ``precision`` is accepted for signature compatibility and ignored: the precision
-    is the format's. The backward pass quantizes the cotangent with ``grad_format`` (default
+    is the format's. ``out_sharding`` (as in ``lax.dot_general``, which Flax >= 0.12 passes) is
+    applied to the result as a sharding constraint. The backward pass quantizes the cotangent
+    with ``grad_format`` (default
     MXFP8_E5M2 for MXFP8 and NVFP4, FP8_1x128 for FP8 blockwise, FP8_TENSOR for FP8_TENSOR) and
     re-quantizes the saved operands along the backward contracting axes (see ``recipe``).
     """
@@ -427,7 +429,10 @@ def scaled_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_el
         jnp.zeros((bsz, math.prod(rhs.shape[d] for d in rfree), rhs.shape[rc[0]]), rhs.dtype)
     out = _scaled_canonical(a, b, rec, out_dtype, backend)
     shape = ([lhs.shape[d] for d in lb] + [lhs.shape[d] for d in lfree] + [rhs.shape[d] for d in rfree])
-    return out.reshape(shape)
+    out = out.reshape(shape)
+    if out_sharding is not None:
+        out = lax.with_sharding_constraint(out, out_sharding)
+    return out
 
 
 # --------------------------------------------------------------------------- demo

@@ -244,16 +244,51 @@ def test_shard_map():
                                rtol=1e-6, atol=1e-6)
 
 
-def test_flax_drop_in():
+def test_signature_matches_lax_dot_general():
+    """Every parameter of this jax's lax.dot_general is accepted under the same name (Flax passes
+    them by keyword), and out_sharding is honoured."""
+    import inspect
+
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    ours = inspect.signature(gx.scaled_dot_general).parameters
+    for name in inspect.signature(lax.dot_general).parameters:
+        assert name in ours, f"scaled_dot_general lacks lax.dot_general's parameter {name!r}"
+    sharding = NamedSharding(Mesh(np.array(jax.devices()[:2]), ("d",)), P("d", None))
+    x, w = rand(44, (8, 64)), rand(45, (64, 4))
+    y = jax.jit(lambda a, b: gx.scaled_dot_general(a, b, DN_DENSE, out_sharding=sharding))(x, w)
+    assert y.sharding.is_equivalent_to(sharding, 2)
+    np.testing.assert_allclose(np.asarray(y), np.asarray(gx.scaled_dot_general(x, w, DN_DENSE)), rtol=1e-6)
+
+
+def test_flax_nnx_linear_drop_in():
     nnx = pytest.importorskip("flax.nnx")
     dg = functools.partial(gx.scaled_dot_general, format=gx.MXFP8_E4M3)
     layer = nnx.Linear(64, 16, dot_general=dg, rngs=nnx.Rngs(0))
     x = rand(20, (4, 64))
     y = layer(x)
-    exact = x @ layer.kernel.value + layer.bias.value
+    exact = x @ layer.kernel[...] + layer.bias[...]
     assert float(jnp.linalg.norm(y - exact) / jnp.linalg.norm(exact)) < 0.08
     grads = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(layer)
-    assert grads.kernel.value.shape == (64, 16)
+    assert grads.kernel[...].shape == (64, 16) and bool(jnp.all(jnp.isfinite(grads.kernel[...])))
+    # the layer really runs our quantize custom call (forward and backward)
+    text = jax.jit(lambda v: layer(v)).lower(x).as_text()
+    assert "gpuext_quantize" in text
+
+
+def test_flax_linen_dense_drop_in():
+    nn = pytest.importorskip("flax.linen")
+    dg = functools.partial(gx.scaled_dot_general, format=(gx.FP8_1x128, gx.FP8_128x128))
+    layer = nn.Dense(16, dot_general=dg)
+    x = rand(21, (4, 256))
+    params = layer.init(jax.random.key(0), x)
+    y = layer.apply(params, x)
+    k, b = params["params"]["kernel"], params["params"]["bias"]
+    exact = x @ k + b
+    assert float(jnp.linalg.norm(y - exact) / jnp.linalg.norm(exact)) < 0.08
+    g = jax.jit(jax.grad(lambda p: jnp.sum(layer.apply(p, x) ** 2)))(params)
+    assert g["params"]["kernel"].shape == (256, 16) and bool(jnp.all(jnp.isfinite(g["params"]["kernel"])))
+    assert "gpuext_quantize" in jax.jit(lambda v: layer.apply(params, v)).lower(x).as_text()
 
 
 # --------------------------------------------------------------------------- errors
