@@ -28,7 +28,10 @@ def main() -> int:
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--out", default=None, help="JSON file for the results")
     ap.add_argument("--max-bytes", type=int, default=256 << 20)
+    ap.add_argument("--quick", action="store_true", help="sizes up to 1 MiB only (--max-bytes 1048576)")
     args = ap.parse_args()
+    if args.quick:
+        args.max_bytes = min(args.max_bytes, 1 << 20)
     from jax_gpuext import gates
 
     r = gates.check_all(["cuda_extension", "cuda_device", "nvshmem", "nvshmem_allreduce_module"])

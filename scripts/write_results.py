@@ -31,21 +31,25 @@ def _nvidia_smi() -> dict:
 
 
 def _tests(work: str) -> dict:
-    path = os.path.join(work, "gpu-tests.xml")
-    if not os.path.exists(path):
+    """Every gpu-tests*.xml (one per pytest group of gpu_run.sh), merged."""
+    paths = sorted(glob.glob(os.path.join(work, "gpu-tests*.xml")))
+    if not paths:
         return {"ran": False}
-    root = ET.parse(path).getroot()
-    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    counts = {k: 0 for k in ("tests", "failures", "errors", "skipped")}
     cases = []
-    for case in suite.iter("testcase"):
-        outcome = "passed"
-        for tag in ("failure", "error", "skipped"):
-            if case.find(tag) is not None:
-                outcome = tag
-        cases.append({"test": f"{case.get('classname')}::{case.get('name')}", "outcome": outcome,
-                      "seconds": float(case.get("time", 0))})
-    counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
-    return {"ran": True, **counts, "cases": cases}
+    for path in paths:
+        root = ET.parse(path).getroot()
+        suite = root if root.tag == "testsuite" else root.find("testsuite")
+        for k in counts:
+            counts[k] += int(suite.get(k, 0))
+        for case in suite.iter("testcase"):
+            outcome = "passed"
+            for tag in ("failure", "error", "skipped"):
+                if case.find(tag) is not None:
+                    outcome = tag
+            cases.append({"test": f"{case.get('classname')}::{case.get('name')}", "outcome": outcome,
+                          "seconds": float(case.get("time", 0))})
+    return {"ran": True, **counts, "cases": cases, "groups": [os.path.basename(p) for p in paths]}
 
 
 def _table(rows: list[dict]) -> str:

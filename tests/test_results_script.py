@@ -26,11 +26,14 @@ def test_write_results_collects_benchmarks_probes_tests_and_plots(tmp_path):
     (work / "probe_cudnn.json").write_text(json.dumps(
         {"benchmark": "cudnn_probe", "rows": [{"formats": "MXFP8", "supported": False, "why_not": "sm_90"}]}))
     (work / "bench_broken.json").write_text("{not json")
-    (work / "gpu-tests.xml").write_text(
+    (work / "gpu-tests-main.xml").write_text(  # one junit file per pytest group of gpu_run.sh
         '<testsuites><testsuite tests="2" failures="1" errors="0" skipped="0">'
         '<testcase classname="t" name="a" time="0.5"/>'
         '<testcase classname="t" name="b" time="1"><failure message="x"/></testcase>'
         '</testsuite></testsuites>')
+    (work / "gpu-tests-hopper_mx.xml").write_text(
+        '<testsuite tests="1" failures="0" errors="0" skipped="1">'
+        '<testcase classname="h" name="c" time="2"><skipped message="arch"/></testcase></testsuite>')
     (work / "bench_dot.png").write_bytes(b"\x89PNG fake")
     subprocess.run([sys.executable, str(ROOT / "scripts" / "write_results.py"), "--work", str(work),
                     "--out-dir", str(out), "--tests-status", "1"], check=True,
@@ -39,7 +42,9 @@ def test_write_results_collects_benchmarks_probes_tests_and_plots(tmp_path):
     result = json.loads(js.read_text())
     assert result["commit"] == "abc123"
     assert result["versions"]["jax"] and "cuda_extension" in result["versions"]
-    assert result["gpu_tests"]["failures"] == 1 and result["gpu_tests"]["exit_status"] == 1
+    t = result["gpu_tests"]
+    assert (t["tests"], t["failures"], t["skipped"], t["exit_status"]) == (3, 1, 1, 1)
+    assert [c["outcome"] for c in t["cases"]] == ["skipped", "passed", "failure"]
     names = [b["benchmark"] for b in result["benchmarks"]]
     assert "bench_dot" in names and "cudnn_probe" in names and "bench_broken.json" in names
     assert result["plots"] == [js.stem + "-bench_dot.png"] and (out / result["plots"][0]).exists()
@@ -47,3 +52,16 @@ def test_write_results_collects_benchmarks_probes_tests_and_plots(tmp_path):
     assert "901.2" in md and "612.5" in md and "sm_90" in md and "a note" in md
     assert f"![{result['plots'][0]}]" in md
     assert jax_gpuext.__version__  # the package the info came from is importable here
+
+
+def test_every_benchmark_takes_the_run_scripts_arguments(tmp_path):
+    """gpu_run.sh calls each benchmarks/bench_*.py and probe_*.py with --out (and --quick); on a
+    machine without a GPU each must refuse cleanly (exit 2 with a reason), not die in argparse."""
+    scripts = sorted((ROOT / "benchmarks").glob("bench_*.py")) + sorted((ROOT / "benchmarks").glob("probe_*.py"))
+    assert len(scripts) >= 5
+    for script in scripts:
+        r = subprocess.run([sys.executable, "-P", str(script), "--quick", "--out", str(tmp_path / "x.json")],
+                           capture_output=True, text=True, cwd=tmp_path, timeout=120)
+        assert "unrecognized arguments" not in r.stderr and "usage:" not in r.stderr, (script.name, r.stderr)
+        if r.returncode != 0:  # no GPU here: a clean refusal that names what is missing
+            assert r.returncode == 2 and "need" in r.stderr, (script.name, r.returncode, r.stderr[-500:])
