@@ -16,6 +16,7 @@ import pytest
 from jax import lax
 
 import jax_gpuext as gx
+from _hlo import custom_calls_in_command_buffers
 from jax_gpuext import UnsupportedError, dot as dot_mod
 
 FORMATS_1D = [gx.MXFP8_E4M3, gx.MXFP8_E5M2, gx.NVFP4, gx.FP8_1x128, gx.FP8_TENSOR]
@@ -404,6 +405,9 @@ def test_gpu_command_buffer(fmt_l, fmt_r, backend, command_buffer):
     for _ in range(3):  # replays of the recorded graph must give the same answer
         np.testing.assert_allclose(np.asarray(f(lhs, rhs)), np.asarray(ref), rtol=1e-3,
                                    atol=1e-3 * float(jnp.abs(ref).max()))
+    captured = custom_calls_in_command_buffers(f.lower(lhs, rhs).compile().as_text())
+    # with CUSTOM_CALL enabled our (kCmdBufferCompatible) call must be inside a command buffer
+    assert (f"gpuext_block_scaled_dot_{backend}" in captured) == bool(command_buffer), captured
 
 
 @pytest.mark.gpu

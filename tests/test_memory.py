@@ -282,6 +282,9 @@ def test_gpu_place_in_command_buffer():
     want = jax.jit(lambda x: jnp.sin(jnp.sin(jnp.sin(jnp.sin(jnp.sin(jnp.sin(x)))))))(x)
     for _ in range(3):  # replays of the recorded graph
         np.testing.assert_allclose(g(x), want, rtol=1e-6)
+    from _hlo import custom_calls_in_command_buffers
+
+    assert "gpuext_place" in custom_calls_in_command_buffers(g.lower(x).compile().as_text())
 
 
 @pytest.mark.gpu

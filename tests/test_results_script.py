@@ -65,3 +65,27 @@ def test_every_benchmark_takes_the_run_scripts_arguments(tmp_path):
         assert "unrecognized arguments" not in r.stderr and "usage:" not in r.stderr, (script.name, r.stderr)
         if r.returncode != 0:  # no GPU here: a clean refusal that names what is missing
             assert r.returncode == 2 and "need" in r.stderr, (script.name, r.returncode, r.stderr[-500:])
+
+
+def test_command_buffer_reader_on_xla_shaped_text():
+    """The helper the GPU command-buffer tests use, on text in the shape XLA prints."""
+    from _hlo import custom_calls_in_command_buffers
+
+    text = """HloModule m, is_scheduled=true
+
+%command_buffer (p0: f32[4], p1: f32[4]) -> f32[4] {
+  %p0 = f32[4]{0} parameter(0)
+  %p1 = f32[4]{0} parameter(1)
+  ROOT %custom-call.1 = f32[4]{0} custom-call(%p0, %p1), custom_call_target="gpuext_block_scaled_dot_cublaslt"
+}
+
+command_buffer.1 (p0: f32[4]) -> f32[4] {
+  ROOT %fusion = f32[4]{0} fusion(%p0), kind=kLoop, calls=%fused_computation
+}
+
+ENTRY %main (a: f32[4], b: f32[4]) -> f32[4] {
+  %call = f32[4]{0} call(%a, %b), to_apply=%command_buffer
+  ROOT %cc = f32[4]{0} custom-call(%call), custom_call_target="gpuext_quantize"
+}
+"""
+    assert custom_calls_in_command_buffers(text) == {"gpuext_block_scaled_dot_cublaslt"}
