@@ -41,6 +41,15 @@ def main() -> int:
     return 0
 
 
+def _check_captured(f, x, algorithm: str) -> None:
+    """Command-buffer mode: the graph-safe all-reduce must sit inside an XLA command buffer."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+    from _hlo import custom_calls_in_command_buffers
+
+    captured = custom_calls_in_command_buffers(f.lower(x).compile().as_text())
+    assert "gpuext_all_reduce_graph" in captured, f"{algorithm}: not in a command buffer ({captured})"
+
+
 def _global(x_local, mesh):
     import jax
     from jax.sharding import NamedSharding, PartitionSpec as P
@@ -56,6 +65,7 @@ def check_all(rank: int, n: int) -> None:
     import jax_gpuext
 
     mesh = jax.make_mesh((n,), ("i",))
+    graph_safe = os.environ.get("JAX_GPUEXT_ALLREDUCE_GRAPH_SAFE", "0") not in ("", "0")
     dtypes = ["float32", "bfloat16", "float16", "float64", "int8", "uint8", "int32", "uint32", "int64", "uint64",
               "bool", "float8_e4m3fn", "float8_e5m2"]
     sizes = [0, 1, 37, 1000, (3 << 20) // 4]  # the last is larger than the 1 MiB workspace
@@ -71,6 +81,8 @@ def check_all(rank: int, n: int) -> None:
                         out = f(_global(data[rank], mesh))
                     except jax_gpuext.UnsupportedError:
                         continue  # nvshmem_library lacks float8/bool
+                    if graph_safe and (dtype, op, size) == ("float32", "sum", 1000):
+                        _check_captured(f, _global(data[rank], mesh), algorithm)
                     got = np.asarray(out.addressable_shards[0].data)
                     want = _numpy_reduce(data, op, dtype)
                     np.testing.assert_array_equal(got.astype(np.float64) if dtype != "bool" else got,
