@@ -46,8 +46,9 @@ def test_cuda_matches_reference_bit_for_bit(fmt, dtype):
     if fmt is not gx.FP8_128x128:  # strided layout and partial blocks
         cases.append((jax.device_put(np.asarray(random_blocks(12, 300, (3 * fmt.block[0] + 8,), dtype)).T, dev), 0))
         cases.append((jax.device_put(np.asarray(random_blocks(13, 64, (fmt.block[0] + 8,), dtype)), dev), -1))
-    else:
+    else:  # ragged tiles: N % 8 != 0 (one element per thread) and N % 8 == 0 (8 per thread)
         cases.append((jax.device_put(np.asarray(random_blocks(14, 2, (300, 260), dtype)), dev), -1))
+        cases.append((jax.device_put(np.asarray(random_blocks(18, 2, (200, 264), dtype)), dev), -1))
     for xi, axis in cases:
         got = jax.jit(lambda v: gx.quantize(v, fmt, axis=axis, backend="cuda"))(xi)
         want = jax.jit(lambda v: gx.quantize(v, fmt, axis=axis, backend="reference"))(xi)
