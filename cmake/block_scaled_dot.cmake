@@ -18,7 +18,8 @@ if(TARGET _cuda)
     target_sources(_cuda PRIVATE
       csrc/dot/cublaslt_api.cc
       csrc/dot/cublaslt_block_scaled.cc
-      ffi/cuda/block_scaled_dot_cublaslt.cc)
+      ffi/cuda/block_scaled_dot_cublaslt.cc
+      ffi/cuda/cublaslt_prepare_binding.cc)
     # AFTER: the toolkit's own headers (cuda_fp16.h, library_types.h) keep precedence over a wheel's.
     target_include_directories(_cuda AFTER PRIVATE "${GPUEXT_CUBLASLT_HEADER_DIR}")
   else()

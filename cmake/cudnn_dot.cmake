@@ -52,6 +52,5 @@ target_include_directories(gpuext_cudnn_dot PRIVATE "${CMAKE_CURRENT_SOURCE_DIR}
                            "${GPUEXT_CUDNN_FRONTEND_DIR}" "${GPUEXT_CUDNN_HEADER_DIR}")
 # AFTER: the toolkit's own headers keep precedence over a wheel's copies (nvidia/cu13/include).
 target_include_directories(gpuext_cudnn_dot AFTER PRIVATE "${GPUEXT_NVRTC_HEADER_DIR}")
-target_sources(_cuda PRIVATE ffi/cuda/block_scaled_dot_cudnn.cc ffi/cuda/cudnn_probe_binding.cc)
-target_compile_definitions(_cuda PRIVATE GPUEXT_WITH_CUDNN_DOT=1)  # _cuda.cudnn_probe
+target_sources(_cuda PRIVATE ffi/cuda/block_scaled_dot_cudnn.cc ffi/cuda/cudnn_prepare_binding.cc)
 target_link_libraries(_cuda PRIVATE gpuext_cudnn_dot)

@@ -5,15 +5,10 @@
 #include <nanobind/stl/string.h>
 
 #include "ffi/common/library_paths.h"
+#include "ffi/common/module_functions.h"
 #include "ffi/common/module_util.h"
 
 namespace nb = nanobind;
-
-#if defined(GPUEXT_WITH_CUDNN_DOT)
-namespace gpuext {
-void AddCudnnProbe(nb::module_& m);  // ffi/cuda/cudnn_probe_binding.cc
-}  // namespace gpuext
-#endif
 
 NB_MODULE(_cuda, m) {
   m.def("registrations", &gpuext::RegistrationsDict);
@@ -35,9 +30,8 @@ NB_MODULE(_cuda, m) {
   // Where the cuBLASLt / cuDNN handlers dlopen their library from (ffi/common/library_paths.h).
   m.def("set_library_path", &gpuext::SetLibraryPath, nb::arg("name"), nb::arg("path"));
   m.def("library_path", [](const std::string& name) { return gpuext::LibraryPath(name); }, nb::arg("name"));
-#if defined(GPUEXT_WITH_CUDNN_DOT)
-  gpuext::AddCudnnProbe(m);
-#endif
+  // Functions of optional parts (cudnn_probe, cublaslt_prepare), when they were built.
+  gpuext::AddRegisteredModuleFunctions(m);
   m.def("device_count", []() {
     int n = 0;
     return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;

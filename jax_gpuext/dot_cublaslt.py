@@ -78,7 +78,29 @@ def supports(p) -> GateResult:
     r = _fp8_pair_ok(p)
     if not r.supported:
         return r
-    return GateResult(True, f"{p.describe()}")
+    return _prepare_on_local_gpus(p)
+
+
+_OUT_CODES = {jnp.dtype(jnp.bfloat16): 0, jnp.dtype(jnp.float16): 1, jnp.dtype(jnp.float32): 2}
+
+
+def _prepare_on_local_gpus(p) -> GateResult:
+    """Creates the cuBLASLt handle and asks the heuristic for this matmul on every local GPU now,
+    at trace time, so no call does host work while running or being captured into a CUDA graph,
+    and "no algorithm" is a trace-time "no" that ``auto`` moves past (``explain`` shows it).
+    Where no GPU or no cuBLASLt build is present (CPU tests, AOT lowering) nothing is asked."""
+    if not gates.check_all(["cuda_extension", "cublaslt_dot_built", "cuda_device"]).supported:
+        return GateResult(True, p.describe())
+    _ext.set_library_path("cublaslt", _libs.path("cublaslt"))
+    b, m, n, k = p.bmnk
+    for dev in jax.local_devices(backend="cuda"):
+        ok, why = _ext.module("cuda").cublaslt_prepare(
+            dev.local_hardware_id, m, n, k, _element_code(p.lhs_format), _element_code(p.rhs_format),
+            _OUT_CODES[jnp.dtype(p.out_dtype)], _scale_mode(p.lhs_format), _scale_mode(p.rhs_format),
+            WORKSPACE_BYTES)
+        if not ok:
+            return GateResult(False, f"cuBLASLt on {dev}: {why}")
+    return GateResult(True, p.describe())
 
 
 # --------------------------------------------------------------------------- scale layouts
@@ -116,16 +138,25 @@ def _pack_fp4(data):
     return lo | (hi << 4)
 
 
-def _operand(data, scale, info, mode_1d):
-    if info.per_tensor:  # (B, 1, 1): one fp32 scale per batch, which is one scale for all
-        return data, scale.reshape(scale.shape[0], 1), SCALE_SCALAR_32F
+def _scale_mode(info) -> int:
+    if info.per_tensor:
+        return SCALE_SCALAR_32F
     if info.family == "nvfp4":
-        return _pack_fp4(data), jax.lax.bitcast_convert_type(_tile_128x4(scale), jnp.uint8), SCALE_VEC16_UE4M3
+        return SCALE_VEC16_UE4M3
     if info.family == "mx":
-        return data, jax.lax.bitcast_convert_type(_tile_128x4(scale), jnp.uint8), SCALE_VEC32_UE8M0
-    if info.two_d:
-        return data, _outer_major(scale.astype(jnp.float32)), SCALE_BLK128x128_32F
-    return data, _outer_major(scale.astype(jnp.float32)), mode_1d
+        return SCALE_VEC32_UE8M0
+    return SCALE_BLK128x128_32F if info.two_d else SCALE_VEC128_32F
+
+
+def _operand(data, scale, info):
+    """(data, scale) in the layouts cuBLASLt reads for ``_scale_mode(info)``."""
+    if info.per_tensor:  # (B, 1, 1): one fp32 scale per batch, which is one scale for all
+        return data, scale.reshape(scale.shape[0], 1)
+    if info.family == "nvfp4":
+        return _pack_fp4(data), jax.lax.bitcast_convert_type(_tile_128x4(scale), jnp.uint8)
+    if info.family == "mx":
+        return data, jax.lax.bitcast_convert_type(_tile_128x4(scale), jnp.uint8)
+    return data, _outer_major(scale.astype(jnp.float32))
 
 
 def _element_code(info) -> int:
@@ -151,8 +182,8 @@ def impl(lhs, rhs, p, sel):
     la, ls = _dot.to_canonical(lhs, p.lhs_contract, p.lhs_batch)
     ra, rs = _dot.to_canonical(rhs, p.rhs_contract, p.rhs_batch)
     k = la.shape[2]
-    la, ls, lmode = _operand(la, ls, p.lhs_format, SCALE_VEC128_32F)
-    ra, rs, rmode = _operand(ra, rs, p.rhs_format, SCALE_VEC128_32F)
+    (la, ls), lmode = _operand(la, ls, p.lhs_format), _scale_mode(p.lhs_format)
+    (ra, rs), rmode = _operand(ra, rs, p.rhs_format), _scale_mode(p.rhs_format)
     alpha = _dot.global_alpha(lhs, rhs, p)
     if p.has_global_scale:
         backends.note(sel, "global scale fused as cuBLASLt alpha (device pointer)")

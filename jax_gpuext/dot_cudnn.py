@@ -38,9 +38,62 @@ def supports(p) -> GateResult:
     e5 = jnp.dtype(jnp.float8_e5m2)
     if p.lhs_format.element_dtype == e5 and p.rhs_format.element_dtype == e5:
         return GateResult(False, "no E5M2 x E5M2 block-scaled MMA")
+    return _prepare_on_local_gpus(p)
+
+
+# --------------------------------------------------------------------------- trace-time graphs
+_OUT_CODES = {jnp.dtype(jnp.bfloat16): 0, jnp.dtype(jnp.float16): 1, jnp.dtype(jnp.float32): 2}
+
+
+def _graph_config(p):
+    """(graph output dtype, fuse the global scale, drop cuBLASLt-dependent plans) of a call: one
+    definition for the trace-time build and the handler's attributes, so both use one cache key."""
+    fused = p.has_global_scale and gates.check("cudnn_fused_global_scale").supported
+    out_dtype = jnp.dtype(jnp.float32) if p.has_global_scale and not fused else p.out_dtype
+    return out_dtype, fused, gates.check("cudnn_graph_safety_notes").supported
+
+
+def _prepare(device: int, lhs_info, rhs_info, b, m, n, k, out_dtype, fused, drop_cublaslt) -> dict:
+    _ext.set_library_path("cudnn", _libs.path("cudnn"))
+    ok, why, ws = _ext.module("cuda").cudnn_prepare(
+        device, b, m, n, k, _element_code(lhs_info), _element_code(rhs_info), _OUT_CODES[jnp.dtype(out_dtype)],
+        bool(fused), bool(drop_cublaslt), WORKSPACE_BYTES)
+    return {"supported": bool(ok), "reason": why, "workspace_bytes": int(ws)}
+
+
+def _prepare_on_local_gpus(p) -> GateResult:
+    """Builds (and caches) the graph on every local GPU now, at trace time, so no call builds one
+    while running or being captured into a CUDA graph, and a graph cuDNN cannot build is a
+    trace-time "no" that ``auto`` moves past (``explain`` shows cuDNN's reason). Where no GPU or
+    no cuDNN build is present (CPU tests, AOT lowering) nothing is asked here."""
+    if not gates.check_all(["cuda_extension", "cudnn_dot_built", "cuda_device"]).supported:
+        return GateResult(True, p.describe())
+    out_dtype, fused, drop = _graph_config(p)
+    b, m, n, k = p.bmnk
+    for dev in jax.local_devices(backend="cuda"):
+        r = _prepare(dev.local_hardware_id, p.lhs_format, p.rhs_format, b, m, n, k, out_dtype, fused, drop)
+        if not r["supported"]:
+            return GateResult(False, f"cuDNN cannot build this graph on {dev}: {r['reason']}")
     return GateResult(True, p.describe())
 
 
+def probe(lhs_format, rhs_format, m: int, n: int, k: int, *, batch: int = 1, out_dtype=jnp.bfloat16,
+          fuse_alpha: bool = False, drop_cublaslt_plans: bool = False, device: int = -1) -> dict:
+    """Asks a GPU's cuDNN directly, past our gates, whether it builds this backend's graph for one
+    problem: ``{"supported", "reason", "workspace_bytes"}``. Nothing runs.
+
+    For recording what cuDNN supports on a GPU the ``blackwell`` gate excludes
+    (benchmarks/probe_cudnn.py; issue 4 asks for the H100). ``device``: CUDA ordinal, -1 current.
+    """
+    infos = [_dot.format_info(f) for f in (lhs_format, rhs_format)]
+    if any(i.family not in ("mx", "nvfp4") for i in infos):
+        raise ValueError(f"dot_cudnn.probe: the cuDNN graph takes MXFP8/NVFP4, got {lhs_format}, {rhs_format}")
+    for g in ("cuda_extension", "cudnn_dot_built", "cuda_device"):
+        gates.require(g, "dot_cudnn.probe")
+    return _prepare(device, infos[0], infos[1], batch, m, n, k, out_dtype, fuse_alpha, drop_cublaslt_plans)
+
+
+# --------------------------------------------------------------------------- the call
 def _operand(data, scale, info):
     tiled = formats.to_blackwell_scale_layout(scale)
     if info.family == "nvfp4":
@@ -61,12 +114,10 @@ def impl(lhs, rhs, p, sel):
     la, ls = _operand(la, ls, p.lhs_format)
     ra, rs = _operand(ra, rs, p.rhs_format)
     alpha = _dot.global_alpha(lhs, rhs, p)
-    fused = p.has_global_scale and gates.check("cudnn_fused_global_scale").supported
-    out_dtype = p.out_dtype
+    out_dtype, fused, graph_safe = _graph_config(p)
     if p.has_global_scale and not fused:
         backends.note(sel, "global scale applied by a separate float32 multiply (cuDNN < 9.13 would ignore "
                            "it inside the graph)")
-        out_dtype = jnp.dtype(jnp.float32)
     elif fused:
         backends.note(sel, "global scale fused into the cuDNN graph (cuDNN >= 9.13)")
     bsz, m, n = la.shape[0], la.shape[1], ra.shape[1]
@@ -78,32 +129,10 @@ def impl(lhs, rhs, p, sel):
         vmap_method="sequential",
         k=np.int64(k), lhs_type=np.int32(_element_code(p.lhs_format)),
         rhs_type=np.int32(_element_code(p.rhs_format)), fuse_alpha=np.int32(bool(fused)),
-        graph_safe=np.int32(gates.check("cudnn_graph_safety_notes").supported))
+        graph_safe=np.int32(graph_safe))
     if p.has_global_scale and not fused:
         out = (out * alpha[0]).astype(p.out_dtype)
     return _dot.from_canonical(out, p)
-
-
-_OUT_CODES = {jnp.dtype(jnp.bfloat16): 0, jnp.dtype(jnp.float16): 1, jnp.dtype(jnp.float32): 2}
-
-
-def probe(lhs_format, rhs_format, m: int, n: int, k: int, *, batch: int = 1, out_dtype=jnp.bfloat16,
-          fuse_alpha: bool = False, drop_cublaslt_plans: bool = False) -> dict:
-    """Asks this GPU's cuDNN directly, past our gates, whether it builds the block-scaled matmul
-    graph of this backend for one problem: ``{"supported", "reason", "workspace_bytes"}``.
-
-    Nothing runs and nothing is cached. For recording what cuDNN supports on a GPU the
-    ``blackwell`` gate excludes (benchmarks/probe_cudnn.py; issue 4 asks for the H100).
-    """
-    infos = [_dot.format_info(f) for f in (lhs_format, rhs_format)]
-    if any(i.family not in ("mx", "nvfp4") for i in infos):
-        raise ValueError(f"dot_cudnn.probe: the cuDNN graph takes MXFP8/NVFP4, got {lhs_format}, {rhs_format}")
-    for g in ("cuda_extension", "cudnn_dot_built", "cuda_device"):
-        gates.require(g, "dot_cudnn.probe")
-    ok, why, ws = _ext.module("cuda").cudnn_probe(
-        _libs.path("cudnn") or "", batch, m, n, k, _element_code(infos[0]), _element_code(infos[1]),
-        _OUT_CODES[jnp.dtype(out_dtype)], bool(fuse_alpha), bool(drop_cublaslt_plans), WORKSPACE_BYTES)
-    return {"supported": bool(ok), "reason": why, "workspace_bytes": int(ws)}
 
 
 def register() -> None:

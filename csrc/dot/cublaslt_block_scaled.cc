@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "csrc/common/cuda_check.h"
+#include "csrc/common/scoped_device.h"
 #include "csrc/dot/cublaslt_api.h"
 
 namespace gpuext {
@@ -80,7 +81,56 @@ Status Describe(const CublasLtApi* api, const BlockScaledMatmul& p, Descriptors&
 
 size_t ElementBits(cudaDataType_t t) { return t == CUDA_R_4F_E2M1 ? 4 : 8; }
 
+// The handle of `device` and the algorithm of `p`'s key, both created on first use and cached
+// for the process. `ds` must describe `p` (Describe).
+Status PlanFor(const CublasLtApi* api, int device, const BlockScaledMatmul& p, Descriptors& ds,
+               cublasLtHandle_t* handle, Plan* plan) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto& handles = Handles();
+  auto it = handles.find(device);
+  if (it == handles.end()) {
+    GPUEXT_CUBLAS_RETURN_IF_ERROR(api->Create(handle));
+    handles[device] = *handle;
+  } else {
+    *handle = it->second;
+  }
+  Key key{device, p.m, p.n, p.k, static_cast<int>(p.lhs_type), static_cast<int>(p.rhs_type),
+          static_cast<int>(p.out_type), p.lhs_scale_mode, p.rhs_scale_mode, p.workspace_bytes};
+  auto pit = Plans().find(key);
+  if (pit == Plans().end()) {
+    GPUEXT_CUBLAS_RETURN_IF_ERROR(api->MatmulPreferenceCreate(&ds.pref));
+    const uint64_t ws = p.workspace_bytes;
+    GPUEXT_CUBLAS_RETURN_IF_ERROR(
+        api->MatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    // The heuristic needs the scale pointers' modes only, not their values: ask once.
+    cublasLtMatmulHeuristicResult_t result = {};
+    int found = 0;
+    GPUEXT_CUBLAS_RETURN_IF_ERROR(
+        api->MatmulAlgoGetHeuristic(*handle, ds.op, ds.a, ds.b, ds.d, ds.d, ds.pref, 1, &result, &found));
+    if (found == 0) {
+      return Status::Error("cuBLASLt has no algorithm for this block-scaled matmul (M=" + std::to_string(p.m) +
+                           " N=" + std::to_string(p.n) + " K=" + std::to_string(p.k) + ")");
+    }
+    pit = Plans().emplace(key, Plan{result.algo}).first;
+  }
+  *plan = pit->second;
+  return Status::Ok();
+}
+
 }  // namespace
+
+Status PrepareBlockScaledMatmul(const std::string& library_path, int device, const BlockScaledMatmul& p) {
+  const CublasLtApi* api = nullptr;
+  GPUEXT_RETURN_IF_ERROR(LoadCublasLt(library_path, &api));
+  ScopedDevice scoped;
+  int current = 0;
+  GPUEXT_RETURN_IF_ERROR(scoped.Enter(device, &current));
+  Descriptors ds(api);
+  GPUEXT_RETURN_IF_ERROR(Describe(api, p, ds));
+  cublasLtHandle_t handle = nullptr;
+  Plan plan;
+  return PlanFor(api, current, p, ds, &handle, &plan);
+}
 
 Status RunBlockScaledMatmul(const std::string& library_path, const BlockScaledMatmul& p, cudaStream_t stream) {
   const CublasLtApi* api = nullptr;
@@ -90,40 +140,9 @@ Status RunBlockScaledMatmul(const std::string& library_path, const BlockScaledMa
 
   Descriptors ds(api);
   GPUEXT_RETURN_IF_ERROR(Describe(api, p, ds));
-
   cublasLtHandle_t handle = nullptr;
   Plan plan;
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    auto& handles = Handles();
-    auto it = handles.find(device);
-    if (it == handles.end()) {
-      GPUEXT_CUBLAS_RETURN_IF_ERROR(api->Create(&handle));
-      handles[device] = handle;
-    } else {
-      handle = it->second;
-    }
-    Key key{device, p.m, p.n, p.k, static_cast<int>(p.lhs_type), static_cast<int>(p.rhs_type),
-            static_cast<int>(p.out_type), p.lhs_scale_mode, p.rhs_scale_mode, p.workspace_bytes};
-    auto pit = Plans().find(key);
-    if (pit == Plans().end()) {
-      GPUEXT_CUBLAS_RETURN_IF_ERROR(api->MatmulPreferenceCreate(&ds.pref));
-      const uint64_t ws = p.workspace_bytes;
-      GPUEXT_CUBLAS_RETURN_IF_ERROR(api->MatmulPreferenceSetAttribute(
-          ds.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-      // The heuristic needs the scale pointers' modes only, not their values: ask once.
-      cublasLtMatmulHeuristicResult_t result = {};
-      int found = 0;
-      GPUEXT_CUBLAS_RETURN_IF_ERROR(api->MatmulAlgoGetHeuristic(handle, ds.op, ds.a, ds.b, ds.d, ds.d, ds.pref, 1,
-                                                                &result, &found));
-      if (found == 0) {
-        return Status::Error("cuBLASLt has no algorithm for this block-scaled matmul (M=" + std::to_string(p.m) +
-                             " N=" + std::to_string(p.n) + " K=" + std::to_string(p.k) + ")");
-      }
-      pit = Plans().emplace(key, Plan{result.algo}).first;
-    }
-    plan = pit->second;
-  }
+  GPUEXT_RETURN_IF_ERROR(PlanFor(api, device, p, ds, &handle, &plan));  // normally cached at trace time
 
   const size_t a_bytes = static_cast<size_t>(p.n) * p.k * ElementBits(p.rhs_type) / 8;
   const size_t b_bytes = static_cast<size_t>(p.m) * p.k * ElementBits(p.lhs_type) / 8;

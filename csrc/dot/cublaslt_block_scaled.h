@@ -33,9 +33,35 @@ struct BlockScaledMatmul {
   size_t workspace_bytes = 0;
 };
 
+// Element codes shared with jax_gpuext/dot_cublaslt.py (_element_code): 0 E4M3, 1 E5M2, 2 packed
+// E2M1; output codes (_OUT_CODES): 0 bf16, 1 f16, 2 f32. False for an unknown code.
+inline bool ElementTypeOfCode(int32_t code, cudaDataType_t* out) {
+  switch (code) {
+    case 0: *out = CUDA_R_8F_E4M3; return true;
+    case 1: *out = CUDA_R_8F_E5M2; return true;
+    case 2: *out = CUDA_R_4F_E2M1; return true;
+    default: return false;
+  }
+}
+inline bool OutTypeOfCode(int32_t code, cudaDataType_t* out) {
+  switch (code) {
+    case 0: *out = CUDA_R_16BF; return true;
+    case 1: *out = CUDA_R_16F; return true;
+    case 2: *out = CUDA_R_32F; return true;
+    default: return false;
+  }
+}
+
 // Runs the matmul on `stream`. The first call for a (device, shape, types, modes) key asks
 // cuBLASLt's heuristic for an algorithm and caches it for the process, so later calls (and
 // replays of a CUDA graph recorded from them) launch the same kernels.
 Status RunBlockScaledMatmul(const std::string& library_path, const BlockScaledMatmul& p, cudaStream_t stream);
+
+// Creates the handle of `device` (< 0: the current device) and asks the heuristic for `p`'s
+// algorithm now, caching both where RunBlockScaledMatmul finds them; pointers in `p` are not
+// read. Called at trace time (jax_gpuext/dot_cublaslt.py), so no call creates a handle or asks
+// the heuristic while running or being captured into a CUDA graph, and "no algorithm" is a
+// trace-time answer.
+Status PrepareBlockScaledMatmul(const std::string& library_path, int device, const BlockScaledMatmul& p);
 
 }  // namespace gpuext

@@ -22,6 +22,7 @@
 #include <unordered_map>
 
 #include "csrc/common/cuda_check.h"
+#include "csrc/common/scoped_device.h"
 
 #if !defined(NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING)
 #error "build with -DNV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING: _cuda must import without libcudnn"
@@ -243,6 +244,30 @@ Status DeviceFor(int device, Device** out) {
   return Status::Ok();
 }
 
+// The graph of `p` on `device`, built on first use and cached for the process (one lock for the
+// rare builds: at most one build per key). Caller holds g_mu.
+Status CachedGraph(const CudnnBlockScaledMatmul& p, int device, Device* dev, Entry* out) {
+  Key key{device,
+          p.batch,
+          p.m,
+          p.n,
+          p.k,
+          static_cast<int32_t>(p.lhs_type),
+          static_cast<int32_t>(p.rhs_type),
+          static_cast<int32_t>(p.out_type),
+          p.fuse_alpha,
+          p.drop_cublaslt_plans,
+          p.workspace_bytes};
+  auto git = Graphs().find(key);
+  if (git == Graphs().end()) {
+    Entry fresh;
+    GPUEXT_RETURN_IF_ERROR(Build(p, device, dev->handle, &fresh));
+    git = Graphs().emplace(key, std::move(fresh)).first;
+  }
+  *out = git->second;
+  return Status::Ok();
+}
+
 Status Run(const std::string& library_path, const CudnnBlockScaledMatmul& p, cudaStream_t stream) {
   GPUEXT_RETURN_IF_ERROR(LoadCudnn(library_path));
   int device = 0;
@@ -251,27 +276,9 @@ Status Run(const std::string& library_path, const CudnnBlockScaledMatmul& p, cud
   Device* dev = nullptr;
   Entry entry;
   {
-    // One lock for the (rare) builds: graphs are built at most once per key and process.
     std::lock_guard<std::mutex> lock(g_mu);
     GPUEXT_RETURN_IF_ERROR(DeviceFor(device, &dev));
-    Key key{device,
-            p.batch,
-            p.m,
-            p.n,
-            p.k,
-            static_cast<int32_t>(p.lhs_type),
-            static_cast<int32_t>(p.rhs_type),
-            static_cast<int32_t>(p.out_type),
-            p.fuse_alpha,
-            p.drop_cublaslt_plans,
-            p.workspace_bytes};
-    auto git = Graphs().find(key);
-    if (git == Graphs().end()) {
-      Entry fresh;
-      GPUEXT_RETURN_IF_ERROR(Build(p, device, dev->handle, &fresh));
-      git = Graphs().emplace(key, std::move(fresh)).first;
-    }
-    entry = git->second;
+    GPUEXT_RETURN_IF_ERROR(CachedGraph(p, device, dev, &entry));  // normally built at trace time
   }
 
   std::unordered_map<int64_t, void*> ptrs = {
@@ -288,15 +295,17 @@ Status Run(const std::string& library_path, const CudnnBlockScaledMatmul& p, cud
   return Status::Ok();
 }
 
-Status Probe(const std::string& library_path, const CudnnBlockScaledMatmul& p, int64_t* workspace_bytes) {
+Status Prepare(const std::string& library_path, int device, const CudnnBlockScaledMatmul& p,
+               int64_t* workspace_bytes) {
   GPUEXT_RETURN_IF_ERROR(LoadCudnn(library_path));
-  int device = 0;
-  GPUEXT_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  ScopedDevice scoped;
+  int current = 0;
+  GPUEXT_RETURN_IF_ERROR(scoped.Enter(device, &current));
   std::lock_guard<std::mutex> lock(g_mu);
   Device* dev = nullptr;
-  GPUEXT_RETURN_IF_ERROR(DeviceFor(device, &dev));
+  GPUEXT_RETURN_IF_ERROR(DeviceFor(current, &dev));
   Entry entry;
-  GPUEXT_RETURN_IF_ERROR(Build(p, device, dev->handle, &entry));
+  GPUEXT_RETURN_IF_ERROR(CachedGraph(p, current, dev, &entry));
   *workspace_bytes = entry.workspace_bytes;
   return Status::Ok();
 }
@@ -316,9 +325,10 @@ Status Guarded(const char* what, Fn fn) {
 
 }  // namespace
 
-Status ProbeCudnnBlockScaledMatmul(const std::string& library_path, const CudnnBlockScaledMatmul& p,
-                                   int64_t* workspace_bytes) {
-  return Guarded("cuDNN block-scaled matmul probe", [&] { return Probe(library_path, p, workspace_bytes); });
+Status PrepareCudnnBlockScaledMatmul(const std::string& library_path, int device, const CudnnBlockScaledMatmul& p,
+                                     int64_t* workspace_bytes) {
+  return Guarded("cuDNN block-scaled matmul preparation",
+                 [&] { return Prepare(library_path, device, p, workspace_bytes); });
 }
 
 Status RunCudnnBlockScaledMatmul(const std::string& library_path, const CudnnBlockScaledMatmul& p,

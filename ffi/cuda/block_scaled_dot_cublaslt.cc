@@ -6,11 +6,11 @@
 // lhs/rhs_scale_mode (cublasLtMatmulMatrixScale_t). libcublasLt comes from the path Python set
 // (ffi/common/library_paths.h).
 //
-// kCmdBufferCompatible (REFERENCE section 2): the algorithm is chosen on the first call for a
-// shape and cached for the process, so every call launches the same cuBLASLt kernels on the
-// given stream; memory is only the buffers passed (workspace included); alpha/beta are read
-// from device memory; nothing synchronises or queries the stream. Host work (descriptors, the
-// one-time heuristic and handle creation) happens at record time only.
+// kCmdBufferCompatible (REFERENCE section 2): the algorithm is chosen at trace time
+// (_cuda.cublaslt_prepare; on the first call if no GPU was there to trace on) and cached for the
+// process, so every call launches the same cuBLASLt kernels on the given stream; memory is only
+// the buffers passed (workspace included); alpha/beta are read from device memory; nothing
+// synchronises or queries the stream. Per-call host work is descriptors only, at record time.
 #include <cuda_runtime_api.h>
 
 #include <string>
@@ -23,16 +23,6 @@
 
 namespace gpuext {
 namespace {
-
-// 0 E4M3, 1 E5M2, 2 packed E2M1 (jax_gpuext/dot_cublaslt.py _element_code).
-bool ElementType(int32_t code, cudaDataType_t* out) {
-  switch (code) {
-    case 0: *out = CUDA_R_8F_E4M3; return true;
-    case 1: *out = CUDA_R_8F_E5M2; return true;
-    case 2: *out = CUDA_R_4F_E2M1; return true;
-    default: return false;
-  }
-}
 
 ffi::Error BlockScaledDotCublasLtImpl(cudaStream_t stream, ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale,
                                       ffi::AnyBuffer rhs, ffi::AnyBuffer rhs_scale,
@@ -47,9 +37,9 @@ ffi::Error BlockScaledDotCublasLtImpl(cudaStream_t stream, ffi::AnyBuffer lhs, f
                    "batch / M / N sizes of lhs, rhs and out disagree");
   GPUEXT_FFI_CHECK(alpha_beta.element_count() == 2, "alpha_beta must hold {alpha, 0}");
   cudaDataType_t lt, rt;
-  GPUEXT_FFI_CHECK(ElementType(lhs_type, &lt), "lhs_type must be 0 (E4M3), 1 (E5M2) or 2 (E2M1), got " +
+  GPUEXT_FFI_CHECK(ElementTypeOfCode(lhs_type, &lt), "lhs_type must be 0 (E4M3), 1 (E5M2) or 2 (E2M1), got " +
                                                    std::to_string(lhs_type));
-  GPUEXT_FFI_CHECK(ElementType(rhs_type, &rt), "rhs_type must be 0 (E4M3), 1 (E5M2) or 2 (E2M1), got " +
+  GPUEXT_FFI_CHECK(ElementTypeOfCode(rhs_type, &rt), "rhs_type must be 0 (E4M3), 1 (E5M2) or 2 (E2M1), got " +
                                                    std::to_string(rhs_type));
   GPUEXT_FFI_CHECK(ld[2] == (lt == CUDA_R_4F_E2M1 ? k / 2 : k) && rd[2] == (rt == CUDA_R_4F_E2M1 ? k / 2 : k),
                    "K of lhs/rhs does not match attribute k=" + std::to_string(k));
