@@ -11,5 +11,6 @@ nb_execution_timeout = 600
 nb_execution_raise_on_error = True
 nb_execution_excludepatterns = []  # GPU-only pages go here
 myst_enable_extensions = ["colon_fence"]
+myst_heading_anchors = 3  # links such as gates.md#which-backend-will-i-get
 html_theme = "alabaster"
 suppress_warnings = ["myst.header"]

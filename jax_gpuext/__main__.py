@@ -14,6 +14,8 @@ def main(argv=None) -> int:
     info.add_argument("--json", action="store_true", help="print the report as JSON")
     g = sub.add_parser("gates", help="the gates table")
     g.add_argument("--markdown", action="store_true", help="the static table for docs/gates.md")
+    g.add_argument("--backends", action="store_true",
+                   help="the 'which backend will I get' tables for docs/gates.md (every op, auto's order)")
     sub.add_parser("demo", help="print info, then run every op on the available devices")
     args = parser.parse_args(argv)
 
@@ -23,9 +25,11 @@ def main(argv=None) -> int:
         report = capabilities()
         print(json.dumps(report, indent=2) if args.json else format_table(report))
     elif args.command == "gates":
-        from jax_gpuext.capabilities import capabilities, gates_markdown
+        from jax_gpuext.capabilities import backends_markdown, capabilities, gates_markdown
 
-        if args.markdown:
+        if args.backends:
+            print(backends_markdown())
+        elif args.markdown:
             print(gates_markdown())
         else:
             for name, r in capabilities()["gates"].items():

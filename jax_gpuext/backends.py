@@ -34,7 +34,8 @@ class Backend:
     """One implementation of an op.
 
     ``supports(problem)`` checks what the gates cannot know: shapes, dtypes, formats of this
-    call. It returns a GateResult; None means every problem is supported.
+    call. It returns a GateResult; None means every problem is supported. ``takes`` says the
+    same in words for the generated "which backend will I get" tables (docs/gates.md).
     """
 
     name: str
@@ -42,6 +43,7 @@ class Backend:
     gates: tuple[str, ...] = ()
     description: str = ""
     supports: Callable[[Any], gates.GateResult] | None = None
+    takes: str = "every problem"
 
 
 @dataclasses.dataclass

@@ -94,3 +94,21 @@ def gates_markdown() -> str:
     for g in gates.GATES.values():
         lines.append(f"| `{g.name}` | {g.category} | {g.requires} | {g.why} |")
     return "\n".join(lines)
+
+
+def backends_markdown() -> str:
+    """"Which backend will I get": every op's backends in ``auto``'s preference order, with the
+    gates each needs (what they require, from the gates table) and what problems it takes."""
+    import jax_gpuext  # noqa: F401  (importing the package registers every op's backends)
+
+    from jax_gpuext import backends
+
+    out = []
+    for op in backends.ops():
+        out += [f"### `{op}`", "", "| order | backend | platforms | gates (requires) | takes | what it is |",
+                "|---|---|---|---|---|---|"]
+        for i, b in enumerate(backends.backends(op), 1):
+            needs = "; ".join(f"`{g}` ({gates.GATES[g].requires})" for g in b.gates) or "-"
+            out.append(f"| {i} | `{b.name}` | {', '.join(b.platforms)} | {needs} | {b.takes} | {b.description} |")
+        out.append("")
+    return "\n".join(out).rstrip()

@@ -139,6 +139,10 @@ def _cuda_kernel_checks(p: Problem) -> GateResult:
     return GateResult(True, "NVSHMEM, one GPU per process, group spans every process")
 
 
+_KERNEL_TAKES = ("CUDA: NVSHMEM with one GPU per process and a group spanning every process; CPU: when asked "
+                 "by name (the protocol emulated between host devices)")
+
+
 def _kernel_supports(p: Problem) -> GateResult:
     if p.platform == "cpu":
         r = gates.check("cpu_extension")
@@ -171,14 +175,14 @@ def _register_backends() -> None:
         return
     backends.register(OP, backends.Backend(
         "one_shot", ("cuda", "cpu"), description="push to every peer + signal, reduce locally",
-        supports=_kernel_supports))
+        supports=_kernel_supports, takes=_KERNEL_TAKES))
     backends.register(OP, backends.Backend(
         "two_shot", ("cuda", "cpu"), description="reduce-scatter + all-gather over NVSHMEM",
-        supports=_kernel_supports))
+        supports=_kernel_supports, takes=_KERNEL_TAKES))
     backends.register(OP, backends.Backend(
         "nvshmem_library", ("cuda",), gates=("nvshmem",),
         description="nvshmemx_*_reduce_on_stream (NVSHMEM_DISABLE_NCCL=1), baseline",
-        supports=_library_supports))
+        supports=_library_supports, takes=_KERNEL_TAKES + "; no float8 or bool, and/or on integers only"))
     backends.register(OP, backends.Backend(
         "xla", ("cpu", "cuda"), description="lax.psum / pmax / pmin (prod: all_gather + prod)", supports=_always))
     backends.register(OP, backends.Backend(

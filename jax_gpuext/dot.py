@@ -270,7 +270,8 @@ def _register_backends() -> None:
     dot_cublaslt.register()
     hopper_mx.register()  # issue 5: our sm_90a MXFP8/NVFP4 kernel
     backends.register(OP, backends.Backend(
-        "reference", ("cpu", "cuda"), (), "dequantize to float32, then lax.dot_general (the semantic definition)"))
+        "reference", ("cpu", "cuda"), (), "dequantize to float32, then lax.dot_general (the semantic definition)",
+        takes="every format pair of one family, any shape"))
 
 
 _register_backends()

@@ -196,4 +196,7 @@ def register() -> None:
     gates_needed = ("cuda_extension", "cuda_device", "cuda_driver", "fp8_tensor_cores", "cublaslt_dot_built")
     _dot.register_impl("cublaslt", backends.Backend(
         "cublaslt", ("cuda",), gates_needed,
-        "cuBLASLt scaled FP8/FP4 matmul (per-tensor FP8; Hopper: 1x128/128x128; Blackwell: MXFP8/NVFP4)", supports), impl)
+        "cuBLASLt scaled FP8/FP4 matmul (per-tensor FP8; Hopper: 1x128/128x128; Blackwell: MXFP8/NVFP4)", supports,
+        takes="FP8_TENSOR (K, N % 16 == 0); on Hopper with cuBLAS >= 12.9 FP8_1x128 x FP8_128x128 or FP8_1x128 "
+              "(K % 128 == 0); on Blackwell with cuBLAS >= 12.8 MXFP8 / NVFP4 (K % 32 == 0); never E5M2 x E5M2; "
+              "when the heuristic finds an algorithm on every local GPU at trace time"), impl)

@@ -139,4 +139,6 @@ def register() -> None:
     _dot.register_impl("cudnn", backends.Backend(
         "cudnn", ("cuda",),
         ("cuda_extension", "cuda_device", "cuda_driver", "blackwell", "cudnn_block_scale", "cudnn_dot_built"),
-        "cuDNN graph: block_scale_dequantize x2 + matmul (Blackwell MXFP8/NVFP4)", supports), impl)
+        "cuDNN graph: block_scale_dequantize x2 + matmul (Blackwell MXFP8/NVFP4)", supports,
+        takes="MXFP8 (not E5M2 x E5M2) and NVFP4 with K % 128 == 0, when cuDNN builds the graph on every "
+              "local GPU at trace time"), impl)

@@ -173,14 +173,15 @@ def _problem_supported(problem) -> gates.GateResult:
 
 backends.register(QUANTIZE_OP, backends.Backend(
     "cuda", ("cuda",), ("cuda_extension", "cuda_device"),
-    "one-pass CUDA kernel (gpuext_quantize)", _problem_supported))
+    "CUDA kernels (gpuext_quantize): one pass for block formats, amax + rounding for FP8_TENSOR",
+    _problem_supported))
 backends.register(QUANTIZE_OP, backends.Backend(
     "cpu", ("cpu",), ("cpu_extension",), "C++ CPU handler (gpuext_quantize)", _problem_supported))
 backends.register(QUANTIZE_OP, backends.Backend(
     "reference", ("cpu", "cuda"), (), "pure-jnp reference on bit patterns"))
 backends.register(DEQUANTIZE_OP, backends.Backend(
     "cuda", ("cuda",), ("cuda_extension", "cuda_device"),
-    "elementwise CUDA kernel (gpuext_dequantize)", _problem_supported))
+    "CUDA kernel (gpuext_dequantize), 8 elements per thread where rows allow", _problem_supported))
 backends.register(DEQUANTIZE_OP, backends.Backend(
     "cpu", ("cpu",), ("cpu_extension",), "C++ CPU handler (gpuext_dequantize)", _problem_supported))
 backends.register(DEQUANTIZE_OP, backends.Backend(

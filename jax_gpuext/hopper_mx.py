@@ -273,4 +273,6 @@ def register() -> None:
     _dot.register_impl("hopper_mx", backends.Backend(
         "hopper_mx", ("cuda",), ("cuda_extension", "cuda_device", "cuda_driver", "hopper"),
         "our sm_90a kernel: FP8 wgmma with per-32 block scales applied to fp32 partials "
-        "(MXFP8; NVFP4 widened to E4M3)", supports), impl)
+        "(MXFP8; NVFP4 widened to E4M3)", supports,
+        takes="MXFP8 and NVFP4 (one family per dot), any M, N, K < 2^31, batch <= 65535; _cuda built for 90a"),
+        impl)

@@ -395,14 +395,16 @@ def _not_host(space) -> gates.GateResult:
 # request for collective memory never counts as "falling back" past the memory-kind path.
 backends.register("place", backends.Backend(
     "custom_call", ("cuda",), (GATE,),
-    f"identity custom call {PLACE_TARGET} whose result carries {RESULTS_ATTR}", _is_custom_call_space))
+    f"identity custom call {PLACE_TARGET} whose result carries {RESULTS_ATTR}", _is_custom_call_space,
+    takes="COLLECTIVE and TEMP"))
 backends.register("place", backends.Backend(
     "identity", ("cpu", "cuda"), (),
     f"identity custom call {PLACE_TARGET}; values unchanged, no memory space on this platform",
-    _not_host))
+    _not_host, takes="every space but PINNED_HOST"))
 backends.register("place", backends.Backend(
     "memory_kind", ("cpu", "cuda"), ("jax_memory_space_api",),
-    "jax.device_put to a JAX memory kind (pinned_host / device) inside jit", _is_host))
+    "jax.device_put to a JAX memory kind (pinned_host / device) inside jit", _is_host,
+    takes="PINNED_HOST and DEVICE"))
 
 
 def place(x, space, *, strict: bool = False, backend: str = "auto"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import pathlib
 import subprocess
 import sys
 
@@ -243,11 +244,25 @@ def test_gates_markdown_lists_every_gate():
 
 
 def test_docs_gates_table_is_up_to_date():
-    import pathlib
-
     from jax_gpuext.capabilities import gates_markdown
 
     page = pathlib.Path(__file__).resolve().parents[1] / "docs" / "gates.md"
     if not page.exists():
         pytest.skip("docs/ not present next to the tests")
     assert gates_markdown() in page.read_text(), "regenerate with: python -m jax_gpuext gates --markdown"
+
+
+def test_docs_backend_tables_are_current():
+    """docs/gates.md's "which backend will I get" is the generated text, for every op."""
+    from jax_gpuext import backends
+    from jax_gpuext.capabilities import backends_markdown
+
+    text = backends_markdown()
+    page = pathlib.Path(__file__).resolve().parents[1] / "docs" / "gates.md"
+    if not page.exists():
+        pytest.skip("docs/ not present next to the tests")
+    assert text in page.read_text(), "regenerate with: python -m jax_gpuext gates --backends"
+    for op in backends.ops():
+        assert f"### `{op}`" in text
+        for b in backends.backends(op):
+            assert f"| `{b.name}` |" in text
