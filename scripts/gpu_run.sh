@@ -57,6 +57,8 @@ if [ "$ONLY" != bench ]; then
   echo "=== GPU tests (closed gates fail under JAX_GPUEXT_REQUIRE_GPU=1, architecture gates skip)"
   run_tests main "$PWD/tests" --ignore="$PWD/tests/test_hopper_mx.py"
   run_tests hopper_mx "$PWD/tests/test_hopper_mx.py"
+  x="$WORK/gpu-tests-hopper_mx.xml"
+  HOPPER_MX_OK=$([ -f "$x" ] && grep -q 'errors="0"' "$x" && grep -q 'failures="0"' "$x" && echo 1 || echo 0)
   if command -v compute-sanitizer >/dev/null 2>&1 && [ -f tests/sanitizer_targets.txt ]; then
     echo "=== compute-sanitizer (memcheck, racecheck) on tests/sanitizer_targets.txt"
     while read -r target; do
@@ -76,9 +78,15 @@ if [ "$ONLY" != tests ]; then
   echo "=== benchmarks and probes"
   for bench in benchmarks/bench_*.py benchmarks/probe_*.py; do
     name=$(basename "$bench" .py)
+    if [ "$name" = bench_hopper_mx ] && [ "${HOPPER_MX_OK:-1}" = 0 ]; then
+      echo "bench_hopper_mx: skipped (the hopper_mx tests failed or timed out; its numbers would mean nothing)"
+      continue
+    fi
     args=(--out "$WORK/$name.json")
     [ "$QUICK" = 1 ] && args+=(--quick)
     [ "$name" = bench_dot ] && args+=(--plot "$WORK/bench_dot.png")  # issue 4's LLM-shape plot
+    # a hopper_mx kernel that failed its tests (it may hang) stays out of the dot table
+    [ "$name" = bench_dot ] && [ "${HOPPER_MX_OK:-1}" = 0 ] && args+=(--skip-backends hopper_mx)
     (cd / && timeout "${BENCH_TIMEOUT_S:-300}" "$PY" "$OLDPWD/$bench" "${args[@]}") 2>&1 | tee "$WORK/$name.txt"
     echo "$name: exit ${PIPESTATUS[0]}"
     write_results
