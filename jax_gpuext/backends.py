@@ -26,6 +26,7 @@ logger = logging.getLogger("jax_gpuext")
 
 FORCE_REFERENCE_ENV = "JAX_GPUEXT_FORCE_REFERENCE"
 REFERENCE = "reference"
+PASSED_OVER = "passed over"  # prefix of a rejection by a backend's `prefers`: a choice, not a fallback
 PLATFORMS = ("cpu", "cuda")
 
 
@@ -36,6 +37,9 @@ class Backend:
     ``supports(problem)`` checks what the gates cannot know: shapes, dtypes, formats of this
     call. It returns a GateResult; None means every problem is supported. ``takes`` says the
     same in words for the generated "which backend will I get" tables (docs/gates.md).
+    ``prefers(problem)``, consulted by ``auto`` only, passes over a backend that *could* run the
+    problem but should not (all_reduce's one_shot above its size crossover): a choice, not a
+    fallback, so it is neither logged as one nor flagged by explain.
     """
 
     name: str
@@ -44,6 +48,7 @@ class Backend:
     description: str = ""
     supports: Callable[[Any], gates.GateResult] | None = None
     takes: str = "every problem"
+    prefers: Callable[[Any], gates.GateResult] | None = None
 
 
 @dataclasses.dataclass
@@ -156,6 +161,11 @@ def select(op: str, requested: str = "auto", *, problem=None) -> Selection:
     rejected, skipped_same_platform = [], False
     for b in candidates:
         why = _why_not(b, platform_name, problem)
+        if why is None and b.prefers is not None:
+            pref = b.prefers(problem)
+            if not pref.supported:  # it could run, but another backend is the better choice
+                rejected.append((b.name, f"{PASSED_OVER}: {pref.reason}"))
+                continue
         if why is None:
             reason = b.description or "first supported backend"
             sel = Selection(op, requested, platform_name, b.name, reason, rejected, skipped_same_platform)
@@ -164,6 +174,12 @@ def select(op: str, requested: str = "auto", *, problem=None) -> Selection:
             return _record(sel)
         rejected.append((b.name, why))
         skipped_same_platform |= platform_name in b.platforms
+    passed = [b for b in candidates if any(n == b.name and w.startswith(PASSED_OVER) for n, w in rejected)]
+    if passed:  # nothing else runs: a backend that was only passed over is still better than none
+        b = passed[0]
+        rest = [(n, w) for n, w in rejected if n != b.name]
+        return _record(Selection(op, requested, platform_name, b.name, "the only backend that runs", rest,
+                                 skipped_same_platform))
     detail = "; ".join(f"{n}: {w}" for n, w in rejected)
     raise UnsupportedError(f"{op}: no backend can run on {platform_name}", reason=detail)
 
@@ -176,7 +192,8 @@ def _record(sel: Selection) -> Selection:
         key = (sel.op, sel.chosen, tuple(sel.rejected))
         if key not in _warned:
             _warned.add(key)
-            why = "; ".join(f"{n}: {w}" for n, w in sel.rejected if w != "lower preference")
+            why = "; ".join(f"{n}: {w}" for n, w in sel.rejected
+                            if w != "lower preference" and not w.startswith(PASSED_OVER))
             logger.warning("%s falls back to backend %r on %s (%s)", sel.op, sel.chosen, sel.platform, why)
     else:
         logger.debug("%s uses backend %r on %s", sel.op, sel.chosen, sel.platform)

@@ -143,6 +143,17 @@ _KERNEL_TAKES = ("CUDA: NVSHMEM with one GPU per process and a group spanning ev
                  "by name (the protocol emulated between host devices)")
 
 
+def _one_shot_fits(p: Problem) -> GateResult:
+    """auto on CUDA: one_shot up to the modelled crossover, two_shot above (docs/allreduce_model.md)."""
+    if p.platform != "cuda":
+        return GateResult(True, "")
+    limit = one_shot_max_bytes(p.group_size)
+    if p.nbytes > limit:
+        return GateResult(False, f"{p.nbytes} B > one-shot limit {limit} B for {p.group_size} GPUs: two_shot "
+                                 "is faster there (docs/allreduce_model.md)")
+    return GateResult(True, f"{p.nbytes} B <= one-shot limit {limit} B")
+
+
 def _kernel_supports(p: Problem) -> GateResult:
     if p.platform == "cpu":
         r = gates.check("cpu_extension")
@@ -175,7 +186,8 @@ def _register_backends() -> None:
         return
     backends.register(OP, backends.Backend(
         "one_shot", ("cuda", "cpu"), description="push to every peer + signal, reduce locally",
-        supports=_kernel_supports, takes=_KERNEL_TAKES))
+        supports=_kernel_supports, takes=_KERNEL_TAKES + "; auto: up to one_shot_max_bytes(n)",
+        prefers=_one_shot_fits))
     backends.register(OP, backends.Backend(
         "two_shot", ("cuda", "cpu"), description="reduce-scatter + all-gather over NVSHMEM",
         supports=_kernel_supports, takes=_KERNEL_TAKES))
@@ -235,12 +247,6 @@ def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto", timeou
     platform = backends.current_platform()
     problem = Problem(platform, dtype, op, int(x.size) * dtype.itemsize, group_size, algorithm == "auto")
     sel = backends.select(OP, algorithm, problem=problem)
-    if sel.chosen == "one_shot" and platform == "cuda" and algorithm == "auto":
-        limit = one_shot_max_bytes(group_size)
-        if problem.nbytes > limit:  # a choice within the kernel family, not a fallback
-            sel.chosen = "two_shot"
-            backends.note(sel, f"auto: {problem.nbytes} B > one-shot limit {limit} B for {group_size} "
-                               "GPUs -> two_shot (docs/allreduce_model.md)")
     spaces = [_spaces_tuple(operand_spaces, "operand_spaces"), _spaces_tuple(result_spaces, "result_spaces")]
     if any(spaces) and sel.chosen in ("xla", backends.REFERENCE):
         why = f"operand/result memory spaces are ignored: backend {sel.chosen!r} is XLA's own collective"

@@ -266,3 +266,23 @@ def test_docs_backend_tables_are_current():
         assert f"### `{op}`" in text
         for b in backends.backends(op):
             assert f"| `{b.name}` |" in text
+
+
+def test_prefers_passes_over_without_a_fallback(caplog):
+    """A backend whose `prefers` says no is a choice (all_reduce's size crossover), not a fallback;
+    if nothing else runs, it is still taken."""
+    op = "test_prefers_op"
+    big = lambda n: gates.GateResult(n <= 10, "too big for the small path")  # noqa: E731
+    backends.register(op, backends.Backend("small", ("cpu", "cuda"), prefers=big))
+    backends.register(op, backends.Backend("large", ("cpu", "cuda"),
+                                            supports=lambda n: gates.GateResult(n < 1000, "too big")))
+    with caplog.at_level(logging.WARNING, logger="jax_gpuext"):
+        sel = backends.select(op, "auto", problem=5)
+        assert sel.chosen == "small" and not sel.fallback
+        sel = backends.select(op, "auto", problem=50)
+        assert sel.chosen == "large" and not sel.fallback
+        assert ("small", "passed over: too big for the small path") in sel.rejected
+    assert not [r for r in caplog.records if "falls back" in r.getMessage()]
+    sel = backends.select(op, "auto", problem=5000)  # large cannot run: small is the only one
+    assert sel.chosen == "small" and sel.fallback
+    assert backends.select(op, "small", problem=50).chosen == "small"  # by name: prefers not asked
