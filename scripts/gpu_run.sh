@@ -3,6 +3,10 @@
 #
 #   scripts/gpu_run.sh [--quick] [--no-build] [--only tests|bench]
 #
+# Time budget: the device tool stops a command at 10 minutes. Every step runs under `timeout`,
+# capped so the whole script ends within GPU_RUN_BUDGET_S (default 540 s) with its results
+# written; steps that no longer fit are skipped and listed in the results ("not run").
+#
 # Writes $RESULTS_DIR/<date>-<device>.json and .md (default benchmarks/results/) with device,
 # driver, versions, commit and every number. GPU_RUN_COMMIT names the commit where .git is absent
 # (the device tool copies the working tree without it). Expects a machine with an NVIDIA GPU, nvcc,
@@ -19,6 +23,19 @@ done
 PY=${PYTHON:-python3}
 RESULTS_DIR=${RESULTS_DIR:-benchmarks/results}
 WORK=$(mktemp -d); mkdir -p "$RESULTS_DIR"
+BUDGET=${GPU_RUN_BUDGET_S:-540}
+
+# bound NAME SECONDS: prints the timeout a step may use (its own bound, capped by what is left of
+# the budget less 20 s for writing results), or records the step as not run and fails.
+bound() {
+  local left=$((BUDGET - SECONDS - 20))
+  if [ "$left" -lt 30 ]; then
+    echo "$1 (budget: ${SECONDS}s of ${BUDGET}s used)" >> "$WORK/skipped.txt"
+    echo "--- $1: skipped, the time budget is spent" >&2
+    return 1
+  fi
+  echo $(( $2 < left ? $2 : left ))
+}
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_GPUEXT_REQUIRE_GPU=1
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader \
@@ -43,8 +60,9 @@ write_results() {
 # One pytest per group, each bounded and with its own junit file: a hang (hopper_mx's raw-PTX
 # kernel has never run) costs its own group only. 124 in the log means the bound was hit.
 run_tests() {
-  local name=$1; shift
-  (cd / && timeout "${TEST_TIMEOUT_S:-420}" "$PY" -m pytest "$@" -m gpu -q -rA \
+  local name=$1 limit=$2; shift 2
+  limit=$(bound "gpu tests $name" "$limit") || return 0
+  (cd / && timeout "$limit" "$PY" -m pytest "$@" -m gpu -q -rA \
      --junitxml="$WORK/gpu-tests-$name.xml") 2>&1 | tee "$WORK/gpu-tests-$name.txt"
   local rc=${PIPESTATUS[0]}
   echo "gpu tests $name: exit $rc"
@@ -55,8 +73,8 @@ run_tests() {
 status=0
 if [ "$ONLY" != bench ]; then
   echo "=== GPU tests (closed gates fail under JAX_GPUEXT_REQUIRE_GPU=1, architecture gates skip)"
-  run_tests main "$PWD/tests" --ignore="$PWD/tests/test_hopper_mx.py"
-  run_tests hopper_mx "$PWD/tests/test_hopper_mx.py"
+  run_tests main "${TEST_TIMEOUT_S:-300}" "$PWD/tests" --ignore="$PWD/tests/test_hopper_mx.py"
+  run_tests hopper_mx "${HOPPER_TEST_TIMEOUT_S:-150}" "$PWD/tests/test_hopper_mx.py"
   x="$WORK/gpu-tests-hopper_mx.xml"
   HOPPER_MX_OK=$([ -f "$x" ] && grep -q 'errors="0"' "$x" && grep -q 'failures="0"' "$x" && echo 1 || echo 0)
   if command -v compute-sanitizer >/dev/null 2>&1 && [ -f tests/sanitizer_targets.txt ]; then
@@ -65,7 +83,8 @@ if [ "$ONLY" != bench ]; then
       [ -z "$target" ] && continue
       for tool in memcheck racecheck; do
         # Bounded: racecheck over a whole JAX process is slow, and a device command has 10 minutes.
-        (cd / && timeout "${SANITIZER_TIMEOUT_S:-240}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
+        limit=$(bound "compute-sanitizer $tool $target" "${SANITIZER_TIMEOUT_S:-150}") || continue
+        (cd / && timeout "$limit" compute-sanitizer --tool "$tool" --error-exitcode 9 \
            "$PY" -m pytest -q -x "$OLDPWD/tests/$target") \
           > "$WORK/sanitizer-$tool-$(echo "$target" | tr '/:' '__').txt" 2>&1
         echo "$tool $target: exit $?" | tee -a "$WORK/sanitizer.txt"
@@ -76,7 +95,14 @@ fi
 
 if [ "$ONLY" != tests ]; then
   echo "=== benchmarks and probes"
-  for bench in benchmarks/bench_*.py benchmarks/probe_*.py; do
+  # Most wanted first (issue targets, then the long multi-process all-reduce), then any others.
+  ordered=(benchmarks/bench_quantize.py benchmarks/probe_cudnn.py benchmarks/bench_dot.py
+           benchmarks/bench_hopper_mx.py benchmarks/bench_allreduce.py)
+  for f in benchmarks/bench_*.py benchmarks/probe_*.py; do
+    [[ " ${ordered[*]} " == *" $f "* ]] || ordered+=("$f")
+  done
+  for bench in "${ordered[@]}"; do
+    [ -f "$bench" ] || continue
     name=$(basename "$bench" .py)
     if [ "$name" = bench_hopper_mx ] && [ "${HOPPER_MX_OK:-1}" = 0 ]; then
       echo "bench_hopper_mx: skipped (the hopper_mx tests failed or timed out; its numbers would mean nothing)"
@@ -87,7 +113,8 @@ if [ "$ONLY" != tests ]; then
     [ "$name" = bench_dot ] && args+=(--plot "$WORK/bench_dot.png")  # issue 4's LLM-shape plot
     # a hopper_mx kernel that failed its tests (it may hang) stays out of the dot table
     [ "$name" = bench_dot ] && [ "${HOPPER_MX_OK:-1}" = 0 ] && args+=(--skip-backends hopper_mx)
-    (cd / && timeout "${BENCH_TIMEOUT_S:-300}" "$PY" "$OLDPWD/$bench" "${args[@]}") 2>&1 | tee "$WORK/$name.txt"
+    limit=$(bound "$name" "${BENCH_TIMEOUT_S:-240}") || continue
+    (cd / && timeout "$limit" "$PY" "$OLDPWD/$bench" "${args[@]}") 2>&1 | tee "$WORK/$name.txt"
     echo "$name: exit ${PIPESTATUS[0]}"
     write_results
   done

@@ -52,6 +52,10 @@ def _tests(work: str) -> dict:
     return {"ran": True, **counts, "cases": cases, "groups": [os.path.basename(p) for p in paths]}
 
 
+def _lines(path: str) -> list[str]:
+    return [ln.strip() for ln in open(path) if ln.strip()] if os.path.exists(path) else []
+
+
 def _table(rows: list[dict]) -> str:
     cols = []
     for r in rows:
@@ -92,6 +96,7 @@ def main() -> None:
         "gates": {k: [v["supported"], v["reason"]] for k, v in info["gates"].items()},
         "gpu_tests": _tests(args.work) | {"exit_status": args.tests_status},
         "sanitizer": sanitizer,
+        "not_run": _lines(os.path.join(args.work, "skipped.txt")),
         "benchmarks": benches,
     }
     base = os.path.join(args.out_dir, f"{stamp:%Y-%m-%d}-{device}")
@@ -120,6 +125,8 @@ def main() -> None:
                                                                for c in t["cases"]]), ""]
     if sanitizer:
         md += ["## compute-sanitizer", "", "```", sanitizer.strip(), "```", ""]
+    if result["not_run"]:
+        md += ["## Not run (time budget)", ""] + [f"- {s}" for s in result["not_run"]] + [""]
     for b in benches:
         md += [f"## {b.get('benchmark')}", ""]
         if b.get("error"):
