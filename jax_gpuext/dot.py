@@ -245,6 +245,27 @@ def global_alpha(lhs, rhs, p: DotProblem) -> jax.Array:
     return (_global(lhs) * _global(rhs)).reshape(1)
 
 
+# Codes the GPU handlers read as attributes (cuBLASLt: csrc/dot/cublaslt_block_scaled.h
+# ElementTypeOfCode / OutTypeOfCode; cuDNN: csrc/dot/cudnn_block_scaled.h CudnnElement / CudnnOut).
+OUT_CODES = {jnp.dtype(jnp.bfloat16): 0, jnp.dtype(jnp.float16): 1, jnp.dtype(jnp.float32): 2}
+
+
+def element_code(info: FormatInfo) -> int:
+    """0 E4M3, 1 E5M2, 2 E2M1 (packed two per byte by ``pack_fp4``)."""
+    return {jnp.dtype(jnp.float8_e4m3fn): 0, jnp.dtype(jnp.float8_e5m2): 1}.get(info.element_dtype, 2)
+
+
+def pack_fp4(data):
+    """(B, X, K) float4_e2m1fn -> (B, X, K/2) uint8, element 2i in the low nibble.
+
+    The GPU backends get FP4 packed by us rather than relying on how XLA lays out F4E2M1FN in
+    device buffers, which is unconfirmed (REFERENCE section 1).
+    """
+    codes = jax.lax.bitcast_convert_type(data, jnp.uint4).astype(jnp.uint8)
+    lo, hi = codes[..., 0::2], codes[..., 1::2]
+    return lo | (hi << 4)
+
+
 # --------------------------------------------------------------------------- backends
 def _reference_backend_call(lhs, rhs, p):
     return _reference(lhs, rhs, p)

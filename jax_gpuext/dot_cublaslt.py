@@ -81,9 +81,6 @@ def supports(p) -> GateResult:
     return _prepare_on_local_gpus(p)
 
 
-_OUT_CODES = {jnp.dtype(jnp.bfloat16): 0, jnp.dtype(jnp.float16): 1, jnp.dtype(jnp.float32): 2}
-
-
 def _prepare_on_local_gpus(p) -> GateResult:
     """Creates the cuBLASLt handle and asks the heuristic for this matmul on every local GPU now,
     at trace time, so no call does host work while running or being captured into a CUDA graph,
@@ -95,8 +92,8 @@ def _prepare_on_local_gpus(p) -> GateResult:
     b, m, n, k = p.bmnk
     for dev in jax.local_devices(backend="cuda"):
         ok, why = _ext.module("cuda").cublaslt_prepare(
-            dev.local_hardware_id, m, n, k, _element_code(p.lhs_format), _element_code(p.rhs_format),
-            _OUT_CODES[jnp.dtype(p.out_dtype)], _scale_mode(p.lhs_format), _scale_mode(p.rhs_format),
+            dev.local_hardware_id, m, n, k, _dot.element_code(p.lhs_format), _dot.element_code(p.rhs_format),
+            _dot.OUT_CODES[jnp.dtype(p.out_dtype)], _scale_mode(p.lhs_format), _scale_mode(p.rhs_format),
             WORKSPACE_BYTES)
         if not ok:
             return GateResult(False, f"cuBLASLt on {dev}: {why}")
@@ -127,17 +124,6 @@ def _outer_major(s):
     return jnp.swapaxes(s, 1, 2).reshape(bsz, -1)
 
 
-def _pack_fp4(data):
-    """(B, X, K) float4_e2m1fn -> (B, X, K/2) uint8, element 2i in the low nibble.
-
-    We pack ourselves rather than rely on how XLA lays out F4E2M1FN in device buffers, which
-    is unconfirmed (REFERENCE section 1).
-    """
-    codes = jax.lax.bitcast_convert_type(data, jnp.uint4).astype(jnp.uint8)
-    lo, hi = codes[..., 0::2], codes[..., 1::2]
-    return lo | (hi << 4)
-
-
 def _scale_mode(info) -> int:
     if info.per_tensor:
         return SCALE_SCALAR_32F
@@ -153,15 +139,10 @@ def _operand(data, scale, info):
     if info.per_tensor:  # (B, 1, 1): one fp32 scale per batch, which is one scale for all
         return data, scale.reshape(scale.shape[0], 1)
     if info.family == "nvfp4":
-        return _pack_fp4(data), jax.lax.bitcast_convert_type(_tile_128x4(scale), jnp.uint8)
+        return _dot.pack_fp4(data), jax.lax.bitcast_convert_type(_tile_128x4(scale), jnp.uint8)
     if info.family == "mx":
         return data, jax.lax.bitcast_convert_type(_tile_128x4(scale), jnp.uint8)
     return data, _outer_major(scale.astype(jnp.float32))
-
-
-def _element_code(info) -> int:
-    # 0 = E4M3, 1 = E5M2, 2 = E2M1 (packed): the handler maps these to cudaDataType_t.
-    return {jnp.dtype(jnp.float8_e4m3fn): 0, jnp.dtype(jnp.float8_e5m2): 1}.get(info.element_dtype, 2)
 
 
 def _call(a, sa, mode_a, code_a, b, sb, mode_b, code_b, alpha, k, out_dtype):
@@ -187,8 +168,8 @@ def impl(lhs, rhs, p, sel):
     alpha = _dot.global_alpha(lhs, rhs, p)
     if p.has_global_scale:
         backends.note(sel, "global scale fused as cuBLASLt alpha (device pointer)")
-    out = _call(la, ls, lmode, _element_code(p.lhs_format), ra, rs, rmode, _element_code(p.rhs_format),
-                alpha, k, p.out_dtype)
+    out = _call(la, ls, lmode, _dot.element_code(p.lhs_format), ra, rs, rmode,
+                _dot.element_code(p.rhs_format), alpha, k, p.out_dtype)
     return _dot.from_canonical(out, p)
 
 

@@ -42,9 +42,6 @@ def supports(p) -> GateResult:
 
 
 # --------------------------------------------------------------------------- trace-time graphs
-_OUT_CODES = {jnp.dtype(jnp.bfloat16): 0, jnp.dtype(jnp.float16): 1, jnp.dtype(jnp.float32): 2}
-
-
 def _graph_config(p):
     """(graph output dtype, fuse the global scale, drop cuBLASLt-dependent plans) of a call: one
     definition for the trace-time build and the handler's attributes, so both use one cache key."""
@@ -56,8 +53,8 @@ def _graph_config(p):
 def _prepare(device: int, lhs_info, rhs_info, b, m, n, k, out_dtype, fused, drop_cublaslt) -> dict:
     _ext.set_library_path("cudnn", _libs.path("cudnn"))
     ok, why, ws = _ext.module("cuda").cudnn_prepare(
-        device, b, m, n, k, _element_code(lhs_info), _element_code(rhs_info), _OUT_CODES[jnp.dtype(out_dtype)],
-        bool(fused), bool(drop_cublaslt), WORKSPACE_BYTES)
+        device, b, m, n, k, _dot.element_code(lhs_info), _dot.element_code(rhs_info),
+        _dot.OUT_CODES[jnp.dtype(out_dtype)], bool(fused), bool(drop_cublaslt), WORKSPACE_BYTES)
     return {"supported": bool(ok), "reason": why, "workspace_bytes": int(ws)}
 
 
@@ -97,14 +94,8 @@ def probe(lhs_format, rhs_format, m: int, n: int, k: int, *, batch: int = 1, out
 def _operand(data, scale, info):
     tiled = formats.to_blackwell_scale_layout(scale)
     if info.family == "nvfp4":
-        # Our own packing (low nibble first): XLA's F4E2M1FN buffer layout is unconfirmed.
-        from jax_gpuext.dot_cublaslt import _pack_fp4
-        data = _pack_fp4(data)
+        data = _dot.pack_fp4(data)
     return data, jax.lax.bitcast_convert_type(tiled, jnp.uint8)
-
-
-def _element_code(info) -> int:
-    return {jnp.dtype(jnp.float8_e4m3fn): 0, jnp.dtype(jnp.float8_e5m2): 1}.get(info.element_dtype, 2)
 
 
 def impl(lhs, rhs, p, sel):
@@ -127,8 +118,8 @@ def impl(lhs, rhs, p, sel):
         (jax.ShapeDtypeStruct((bsz, m, n), out_dtype), jax.ShapeDtypeStruct((WORKSPACE_BYTES,), jnp.uint8)),
         la, ls, ra, rs, alpha,
         vmap_method="sequential",
-        k=np.int64(k), lhs_type=np.int32(_element_code(p.lhs_format)),
-        rhs_type=np.int32(_element_code(p.rhs_format)), fuse_alpha=np.int32(bool(fused)),
+        k=np.int64(k), lhs_type=np.int32(_dot.element_code(p.lhs_format)),
+        rhs_type=np.int32(_dot.element_code(p.rhs_format)), fuse_alpha=np.int32(bool(fused)),
         graph_safe=np.int32(graph_safe))
     if p.has_global_scale and not fused:
         out = (out * alpha[0]).astype(p.out_dtype)
