@@ -27,7 +27,10 @@ execute_process(
   COMMAND "${Python_EXECUTABLE}" -c
     "import sys, os; print(';'.join(os.path.join(p, *s) for p in sys.path if p for s in (('include',), ('nvidia', 'cudnn', 'include'), ('nvidia', 'cu13', 'include'), ('nvidia', 'cuda_nvrtc', 'include'))))"
   OUTPUT_STRIP_TRAILING_WHITESPACE OUTPUT_VARIABLE _gpuext_cudnn_wheel_includes ERROR_QUIET)
-set(_gpuext_cudnn_hints ${JAX_GPUEXT_CUDNN_INCLUDE_DIRS} ${CUDAToolkit_INCLUDE_DIRS} ${_gpuext_cudnn_wheel_includes})
+# Explicit dirs first, then the toolkit and pip wheels, then where system packages (apt
+# libcudnn9-dev, NGC images, CUDNN_PATH/CUDNN_HOME installs) put cudnn.h.
+set(_gpuext_cudnn_hints ${JAX_GPUEXT_CUDNN_INCLUDE_DIRS} ${CUDAToolkit_INCLUDE_DIRS} ${_gpuext_cudnn_wheel_includes}
+    "$ENV{CUDNN_PATH}/include" "$ENV{CUDNN_HOME}/include" /usr/include /usr/local/cuda/include)
 find_path(GPUEXT_CUDNN_FRONTEND_DIR cudnn_frontend.h HINTS ${_gpuext_cudnn_hints} NO_DEFAULT_PATH)
 find_path(GPUEXT_CUDNN_HEADER_DIR cudnn.h HINTS ${_gpuext_cudnn_hints} NO_DEFAULT_PATH)
 find_path(GPUEXT_NVRTC_HEADER_DIR nvrtc.h HINTS ${_gpuext_cudnn_hints} NO_DEFAULT_PATH)

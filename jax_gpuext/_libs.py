@@ -38,7 +38,7 @@ LIBRARIES = {
 @dataclasses.dataclass(frozen=True)
 class LoadedLibrary:
     key: str
-    path: str | None  # None when found only through the system loader by soname
+    path: str | None  # the file the loader opened; None only if even dladdr cannot name it
     handle: ctypes.CDLL
 
 
@@ -69,12 +69,44 @@ def load(key: str) -> tuple[LoadedLibrary | None, str]:
             errors.append(f"{path}: {e}")
     for soname in spec.sonames:
         try:
-            return LoadedLibrary(key, None, ctypes.CDLL(soname, mode=ctypes.RTLD_GLOBAL)), f"system {soname}"
+            handle = ctypes.CDLL(soname, mode=ctypes.RTLD_GLOBAL)
         except OSError as e:
             errors.append(f"{soname}: {e}")
+            continue
+        # C++ code dlopens the same file by path (never by soname, which could pick another
+        # copy), so name the file the loader chose.
+        return LoadedLibrary(key, _file_of(handle, _VERSION_SYMBOLS[key]), handle), f"system {soname}"
     hint = {"cudnn": "nvidia-cudnn-cu12/-cu13", "cublaslt": "nvidia-cublas(-cu12)",
             "nvshmem": "nvidia-nvshmem-cu12/-cu13"}[key]
     return None, f"{spec.name} not found (install {hint}, or jax-gpuext[cuda12|cuda13]); tried " + "; ".join(errors)
+
+
+# One exported function per library, to ask the loader which file provides it.
+_VERSION_SYMBOLS = {"cudnn": "cudnnGetVersion", "cublaslt": "cublasLtGetVersion",
+                    "nvshmem": "nvshmemx_vendor_get_version_info"}
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+def _file_of(handle: ctypes.CDLL, symbol: str) -> str | None:
+    """The real path of the shared object that defines ``symbol`` in ``handle`` (dladdr)."""
+    try:
+        address = ctypes.cast(getattr(handle, symbol), ctypes.c_void_p)
+    except AttributeError:
+        return None
+    for libc_name in (None, "libc.so.6", "libdl.so.2"):  # dladdr moved into libc in glibc 2.34
+        try:
+            dladdr = ctypes.CDLL(libc_name).dladdr
+        except (OSError, AttributeError):
+            continue
+        info = _DlInfo()
+        if dladdr(address, ctypes.byref(info)) and info.dli_fname:
+            return os.path.realpath(info.dli_fname.decode())
+        return None
+    return None
 
 
 def _call_int(lib: LoadedLibrary, fn: str, *args) -> int | None:
@@ -98,13 +130,15 @@ def version(key: str) -> tuple[tuple[int, ...] | None, str]:
     if key == "cublaslt":  # cublasLtGetVersion: major*10000 + minor*100 + patch
         v = _call_int(lib, "cublasLtGetVersion")
         return (v // 10000, (v % 10000) // 100, v % 100), where
-    if key == "nvshmem":  # nvshmem_info_get_version(int* major, int* minor): safe before init
-        major, minor = ctypes.c_int(0), ctypes.c_int(0)
+    if key == "nvshmem":
+        # nvshmemx_vendor_get_version_info: the library's own version, safe before init.
+        # (nvshmem_info_get_version answers the OpenSHMEM spec version it implements, 1.3.)
+        major, minor, patch = ctypes.c_int(0), ctypes.c_int(0), ctypes.c_int(0)
         try:
-            lib.handle.nvshmem_info_get_version(ctypes.byref(major), ctypes.byref(minor))
+            lib.handle.nvshmemx_vendor_get_version_info(ctypes.byref(major), ctypes.byref(minor), ctypes.byref(patch))
         except AttributeError:
-            return None, f"{where} has no nvshmem_info_get_version"
-        return (major.value, minor.value, 0), where
+            return None, f"{where} has no nvshmemx_vendor_get_version_info"
+        return (major.value, minor.value, patch.value), where
     raise KeyError(key)
 
 

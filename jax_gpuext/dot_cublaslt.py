@@ -2,7 +2,7 @@
 
 - Hopper (sm_90), cuBLAS >= 12.9: FP8 blockwise, the DeepSeek-V3 recipe. lhs FP8_1x128
   (``VEC128_32F``) x rhs FP8_128x128 (``BLK128x128_32F``) or FP8_1x128.
-- Blackwell (sm_10x), cuBLAS >= 12.8: MXFP8 (``VEC32_UE8M0``) and NVFP4 (``VEC16_UE4M3``),
+- Blackwell (sm_10x), cuBLAS >= 12.8.4: MXFP8 (``VEC32_UE8M0``) and NVFP4 (``VEC16_UE4M3``),
   scales in the 128x4 tiled layout.
 - Any FP8 GPU (sm_89+): per-tensor FP8, FP8_TENSOR x FP8_TENSOR (``SCALAR_32F``): the classic
   recipe, and the benchmark's per-tensor baseline.
@@ -29,8 +29,10 @@ from jax_gpuext.gates import GateResult
 
 TARGET = "gpuext_block_scaled_dot_cublaslt"
 # cuBLAS recommends 32 MiB of workspace on Hopper/Blackwell; passed as an extra result so the
-# handler never allocates (REFERENCE section 2).
+# handler never allocates (REFERENCE section 2), with WORKSPACE_SLACK more bytes so the handler
+# can align its start to the 256 bytes cuBLASLt requires.
 WORKSPACE_BYTES = 32 * 1024 * 1024
+WORKSPACE_SLACK = 256
 
 # cublasLtMatmulMatrixScale_t (cublasLt.h, CUDA 13); the handler static_asserts the same values.
 SCALE_SCALAR_32F = 0
@@ -52,6 +54,14 @@ def supports(p) -> GateResult:
     fam = p.lhs_format.family
     if p.out_dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32), jnp.dtype(jnp.float16)):
         return GateResult(False, f"output dtype {p.out_dtype} not supported")
+    if k == 0:
+        return GateResult(False, "K=0: nothing to contract (the reference returns zeros)")
+    # out^T is cuBLAS's D, column-major with leading dimension N: its columns (our rows) must
+    # start 16-byte aligned, as every FP8 matmul requires (cuBLAS docs, cublasLtMatmul).
+    row_multiple = 16 // p.out_dtype.itemsize
+    if n % row_multiple:
+        return GateResult(False, f"N={n} is not a multiple of {row_multiple} ({p.out_dtype} output rows must be "
+                                 f"16-byte aligned)")
     if fam == "fp8_block":
         r = gates.check_all(["hopper", "cublaslt_blockwise_fp8"])
         if not r.supported:
@@ -61,6 +71,7 @@ def supports(p) -> GateResult:
                                      "FP8_1x128")
         if k % 128:
             return GateResult(False, f"K={k} is not a multiple of 128")
+        # (M is padded to a multiple of 4 in impl: the VEC128 scale layout needs it.)
         if p.has_global_scale:
             return GateResult(False, "FP8 blockwise operands carry no global scale")
     elif fam == "fp8_tensor":  # SCALAR_32F: every FP8 GPU (the fp8_tensor_cores gate)
@@ -69,7 +80,7 @@ def supports(p) -> GateResult:
     elif fam in ("mx", "nvfp4"):
         r = gates.check_all(["blackwell", "cublaslt_mx_scales"])
         if not r.supported:
-            return GateResult(False, f"MXFP8/NVFP4 tensor-core scaling needs Blackwell and cuBLAS >= 12.8 "
+            return GateResult(False, f"MXFP8/NVFP4 tensor-core scaling needs Blackwell and cuBLAS >= 12.8.4 "
                                      f"({r.reason})")
         if k % 32:  # 16-byte aligned rows of packed FP4 / FP8 and whole 4-wide scale columns
             return GateResult(False, f"K={k} is not a multiple of 32")
@@ -90,6 +101,8 @@ def _prepare_on_local_gpus(p) -> GateResult:
         return GateResult(True, p.describe())
     _ext.set_library_path("cublaslt", _libs.path("cublaslt"))
     b, m, n, k = p.bmnk
+    if p.lhs_format.family == "fp8_block":
+        m = _round_up(m, 4)  # the M the call will run with (impl's _pad_rows_to_4)
     for dev in jax.local_devices(backend="cuda"):
         ok, why = _ext.module("cuda").cublaslt_prepare(
             dev.local_hardware_id, m, n, k, _dot.element_code(p.lhs_format), _dot.element_code(p.rhs_format),
@@ -113,15 +126,18 @@ def _tile_128x4(s):
     return formats.to_blackwell_scale_layout(s).reshape(s.shape[0], -1)
 
 
-def _outer_major(s):
-    """(B, X, Kb) fp32 scales -> Kb-major with X contiguous and padded to 4 (16-byte columns).
+# The two FP8-blockwise scale layouts, from the cuBLAS docs ("Scaling factors layouts"), for cuBLAS's
+# A (= our rhs) and B (= our lhs); M and N (our rows) must be multiples of 4.
+def _rows_fastest(s):
+    """VEC128_32F: (B, rows, Kb) fp32 -> per batch a rows x Kb matrix, rows contiguous ("M-major")."""
+    return jnp.swapaxes(s, 1, 2).reshape(s.shape[0], -1)
 
-    cuBLAS stores VEC128_32F / BLK128x128_32F scale tensors with the outer (M or N, or its
-    128-block index) dimension fastest. Verified only by tests/test_block_scaled_dot.py on a GPU.
-    """
-    bsz, x, kb = s.shape
-    s = jnp.pad(s, ((0, 0), (0, _round_up(x, 4) - x), (0, 0)))
-    return jnp.swapaxes(s, 1, 2).reshape(bsz, -1)
+
+def _blocks_k_fastest(s):
+    """BLK128x128_32F: (B, row blocks, Kb) fp32 -> per batch "K-major" with the Kb column padded to
+    a multiple of 4 (the stride between consecutive row blocks)."""
+    bsz, _, kb = s.shape
+    return jnp.pad(s, ((0, 0), (0, 0), (0, _round_up(kb, 4) - kb))).reshape(bsz, -1)
 
 
 def _scale_mode(info) -> int:
@@ -142,7 +158,18 @@ def _operand(data, scale, info):
         return _dot.pack_fp4(data), jax.lax.bitcast_convert_type(_tile_128x4(scale), jnp.uint8)
     if info.family == "mx":
         return data, jax.lax.bitcast_convert_type(_tile_128x4(scale), jnp.uint8)
-    return data, _outer_major(scale.astype(jnp.float32))
+    scale = scale.astype(jnp.float32)
+    return data, _blocks_k_fastest(scale) if info.two_d else _rows_fastest(scale)
+
+
+def _pad_rows_to_4(data, scale):
+    """FP8_1x128 lhs: zero rows (scale 1) up to a multiple of 4 rows, which the VEC128 scale
+    layout needs; their output rows are sliced off."""
+    extra = -data.shape[1] % 4
+    if not extra:
+        return data, scale
+    return (jnp.pad(data, ((0, 0), (0, extra), (0, 0))),
+            jnp.pad(scale, ((0, 0), (0, extra), (0, 0)), constant_values=1))
 
 
 def _call(a, sa, mode_a, code_a, b, sb, mode_b, code_b, alpha, k, out_dtype):
@@ -151,7 +178,8 @@ def _call(a, sa, mode_a, code_a, b, sb, mode_b, code_b, alpha, k, out_dtype):
     _ext.set_library_path("cublaslt", _libs.path("cublaslt"))
     out, _ = _ffi.ffi_call(
         TARGET,
-        (jax.ShapeDtypeStruct((bsz, m, n), out_dtype), jax.ShapeDtypeStruct((WORKSPACE_BYTES,), jnp.uint8)),
+        (jax.ShapeDtypeStruct((bsz, m, n), out_dtype),
+         jax.ShapeDtypeStruct((WORKSPACE_BYTES + WORKSPACE_SLACK,), jnp.uint8)),
         a, sa, b, sb, jnp.concatenate([alpha.astype(jnp.float32), jnp.zeros((1,), jnp.float32)]),
         vmap_method="sequential",
         k=np.int64(k), lhs_scale_mode=np.int32(mode_a), rhs_scale_mode=np.int32(mode_b),
@@ -162,7 +190,9 @@ def _call(a, sa, mode_a, code_a, b, sb, mode_b, code_b, alpha, k, out_dtype):
 def impl(lhs, rhs, p, sel):
     la, ls = _dot.to_canonical(lhs, p.lhs_contract, p.lhs_batch)
     ra, rs = _dot.to_canonical(rhs, p.rhs_contract, p.rhs_batch)
-    k = la.shape[2]
+    k, m = la.shape[2], la.shape[1]
+    if p.lhs_format.family == "fp8_block":
+        la, ls = _pad_rows_to_4(la, ls)
     (la, ls), lmode = _operand(la, ls, p.lhs_format), _scale_mode(p.lhs_format)
     (ra, rs), rmode = _operand(ra, rs, p.rhs_format), _scale_mode(p.rhs_format)
     alpha = _dot.global_alpha(lhs, rhs, p)
@@ -170,7 +200,7 @@ def impl(lhs, rhs, p, sel):
         backends.note(sel, "global scale fused as cuBLASLt alpha (device pointer)")
     out = _call(la, ls, lmode, _dot.element_code(p.lhs_format), ra, rs, rmode,
                 _dot.element_code(p.rhs_format), alpha, k, p.out_dtype)
-    return _dot.from_canonical(out, p)
+    return _dot.from_canonical(out[:, :m], p)
 
 
 def register() -> None:
@@ -178,6 +208,6 @@ def register() -> None:
     _dot.register_impl("cublaslt", backends.Backend(
         "cublaslt", ("cuda",), gates_needed,
         "cuBLASLt scaled FP8/FP4 matmul (per-tensor FP8; Hopper: 1x128/128x128; Blackwell: MXFP8/NVFP4)", supports,
-        takes="FP8_TENSOR (K, N % 16 == 0); on Hopper with cuBLAS >= 12.9 FP8_1x128 x FP8_128x128 or FP8_1x128 "
-              "(K % 128 == 0); on Blackwell with cuBLAS >= 12.8 MXFP8 / NVFP4 (K % 32 == 0); never E5M2 x E5M2; "
+        takes="N with 16-byte output rows, K > 0; FP8_TENSOR (K, N % 16 == 0); on Hopper with cuBLAS >= 12.9 FP8_1x128 x FP8_128x128 or FP8_1x128 "
+              "(K % 128 == 0); on Blackwell with cuBLAS >= 12.8.4 MXFP8 / NVFP4 (K % 32 == 0); never E5M2 x E5M2; "
               "when the heuristic finds an algorithm on every local GPU at trace time"), impl)

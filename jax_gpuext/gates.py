@@ -309,10 +309,11 @@ def _cudnn_graph_safety_notes():
     return _library_at_least("cudnn", (9, 15, 0))
 
 
-@_gate("cublaslt_mx_scales", "library", "cuBLASLt >= 12.8",
-       "the VEC32_UE8M0 (MXFP8) and VEC16_UE4M3 (NVFP4) scale modes first appear in CUDA 12.8")
+@_gate("cublaslt_mx_scales", "library", "cuBLASLt >= 12.8.4",
+       "the VEC32_UE8M0 (MXFP8) and VEC16_UE4M3 (NVFP4) scale modes first appear in CUDA 12.8, and "
+       "up to 12.8.3 cuBLASLt's heuristic cache can confuse an MXFP8 key with a non-block-scaled one")
 def _cublaslt_mx_scales():
-    return _library_at_least("cublaslt", (12, 8, 0))
+    return _library_at_least("cublaslt", (12, 8, 4))
 
 
 @_gate("cublaslt_blockwise_fp8", "library", "cuBLASLt >= 12.9",

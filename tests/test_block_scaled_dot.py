@@ -106,7 +106,8 @@ def test_reference_matches_float64(fmt, case):
 def test_fp8_blockwise_1x128_x_128x128(rhs_shape, dn):
     lhs = gx.quantize(rand(3, (33, 256), 2.0), gx.FP8_1x128)
     rhs = gx.quantize(rand(4, rhs_shape, 0.1), gx.FP8_128x128)
-    y = gx.block_scaled_dot(lhs, rhs, dn, preferred_element_type=jnp.float32)
+    # the reference: float64-tight; GPU backends are compared with it in the gpu tests
+    y = gx.block_scaled_dot(lhs, rhs, dn, preferred_element_type=jnp.float32, backend="reference")
     want, mag = np_block_scaled_dot(lhs, rhs, dn)
     assert_close_to_f64(y, want, mag)
 
@@ -200,7 +201,7 @@ def test_per_tensor_contracts_any_axis_and_cublaslt_alignment():
 
     x, w = gx.quantize(rand(40, (6, 48), 2.0), gx.FP8_TENSOR), gx.quantize(rand(41, (48, 32)), gx.FP8_TENSOR)
     dn = (((1,), (0,)), ((), ()))  # w was "quantized along" axis -1, contracted along 0
-    y = gx.block_scaled_dot(x, w, dn, preferred_element_type=jnp.float32)
+    y = gx.block_scaled_dot(x, w, dn, preferred_element_type=jnp.float32, backend="reference")
     want, mag = np_block_scaled_dot(x, w, dn)
     assert_close_to_f64(y, want, mag)
     assert dot_cublaslt.supports(dot_mod._problem(x, w, dn, jnp.dtype(jnp.bfloat16))).supported
@@ -208,6 +209,50 @@ def test_per_tensor_contracts_any_axis_and_cublaslt_alignment():
     x40 = gx.quantize(rand(43, (6, 40)), gx.FP8_TENSOR)
     r = dot_cublaslt.supports(dot_mod._problem(x40, w40, dn, jnp.dtype(jnp.bfloat16)))
     assert not r.supported and "K=40" in r.reason
+
+
+def test_cublaslt_fp8_blockwise_scale_layouts_match_the_cublas_docs():
+    """The scale buffers as cuBLAS reads them (cuBLAS docs, "Scaling factors layouts"), emulated
+    independently: VEC128_32F is rows-major (element (r, kb) at kb * rows + r, rows % 4 == 0);
+    BLK128x128_32F is K-major with the column stride L4 = round_up(Kb, 4) (element (j, kb) at
+    j * L4 + kb). Odd block counts catch a transposed or unpadded layout."""
+    from jax_gpuext import dot_cublaslt
+
+    rng = np.random.default_rng(7)
+    for nb, kb in [(2, 1), (1, 2), (3, 5), (4, 8)]:
+        s = rng.random((2, nb, kb)).astype(np.float32)
+        buf = np.asarray(dot_cublaslt._operand(jnp.zeros((2, nb * 128, kb * 128), jnp.float8_e4m3fn), s,
+                                               dot_mod.format_info(gx.FP8_128x128))[1])
+        l4 = -(-kb // 4) * 4
+        assert buf.shape == (2, nb * l4)
+        for b in range(2):
+            read = np.array([[buf[b, j * l4 + i] for i in range(kb)] for j in range(nb)])
+            np.testing.assert_array_equal(read, s[b])
+    for rows, kb in [(4, 3), (36, 2)]:
+        s = rng.random((2, rows, kb)).astype(np.float32)
+        buf = np.asarray(dot_cublaslt._operand(jnp.zeros((2, rows, kb * 128), jnp.float8_e4m3fn), s,
+                                               dot_mod.format_info(gx.FP8_1x128))[1])
+        for b in range(2):
+            read = np.array([[buf[b, i * rows + r] for i in range(kb)] for r in range(rows)])
+            np.testing.assert_array_equal(read, s[b])
+
+
+def test_cublaslt_pads_activation_rows_and_checks_output_row_alignment():
+    from jax_gpuext import dot_cublaslt
+
+    data, scale = jnp.ones((1, 33, 256), jnp.float8_e4m3fn), jnp.full((1, 33, 2), 2.0, jnp.float32)
+    d, s = dot_cublaslt._pad_rows_to_4(data, scale)
+    assert d.shape == (1, 36, 256) and s.shape == (1, 36, 2)
+    assert not np.asarray(d[:, 33:].astype(jnp.float32)).any() and (np.asarray(s[:, 33:]) == 1).all()
+    x = gx.quantize(rand(44, (8, 64), 2.0), gx.FP8_TENSOR)
+    for n, out, ok in [(32, jnp.bfloat16, True), (36, jnp.float32, False), (40, jnp.float32, False)]:
+        w = gx.quantize(rand(45, (n, 64)), gx.FP8_TENSOR)
+        r = dot_cublaslt.supports(dot_mod._problem(x, w, (((1,), (1,)), ((), ())), jnp.dtype(out)))
+        assert r.supported == ok, r.reason
+    w = gx.quantize(rand(46, (36, 128)), gx.FP8_1x128)
+    r = dot_cublaslt.supports(dot_mod._problem(gx.quantize(rand(47, (8, 128)), gx.FP8_1x128), w,
+                                               (((1,), (1,)), ((), ())), jnp.dtype(jnp.bfloat16)))
+    assert not r.supported and "N=36" in r.reason
 
 
 def test_scaled_dot_general_batch_dims_vmap_and_jit():
@@ -391,6 +436,21 @@ def test_gpu_backend_matches_reference(fmt_l, fmt_r, backend):
     lib = "cudnn" if backend == "cudnn" else "cublaslt"
     assert _ext.module("cuda").library_path(lib) == _libs.path(lib)
     assert _libs.path(lib) not in hlo
+
+
+@pytest.mark.gpu
+@pytest.mark.gates("hopper", "cublaslt_dot_built")
+@pytest.mark.parametrize("fmt_r", [gx.FP8_128x128, gx.FP8_1x128], ids=["128x128", "1x128"])
+def test_gpu_cublaslt_fp8_blockwise_ragged_and_batched(fmt_r):
+    """Odd M (padded to 4 rows), a partial last N block, an odd K-block count (BLK128x128's
+    padded column stride) and 3 batches (per-batch pointer offsets): where scale layouts break."""
+    lhs = gx.quantize(rand(32, (3, 33, 384)), gx.FP8_1x128)
+    rhs = gx.quantize(rand(33, (3, 136, 384), 0.1), fmt_r)
+    dn = (((2,), (2,)), ((0,), (0,)))
+    f = jax.jit(lambda a, b: gx.block_scaled_dot(a, b, dn, preferred_element_type=jnp.float32, backend="cublaslt"))
+    want, mag = np_block_scaled_dot(lhs, rhs, dn)
+    assert_close_to_f64(f(lhs, rhs), want, mag, rtol=1e-3)  # FP8 tensor cores keep fewer product bits
+    assert "gpuext_block_scaled_dot_cublaslt" in f.lower(lhs, rhs).compile().as_text()
 
 
 @pytest.mark.gpu

@@ -7,6 +7,8 @@ reference backend and check the compiled HLO really calls gpuext_block_scaled_do
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -151,7 +153,10 @@ def test_gpu_probe_answers_and_agrees_with_the_backend():
     backend (Blackwell) the probe must agree that cuDNN builds the graph."""
     for fmt in (gx.MXFP8_E4M3, gx.NVFP4):
         r = dot_cudnn.probe(fmt, fmt, 256, 512, 1024)
-        assert isinstance(r["supported"], bool) and (r["supported"] or r["reason"])
+        assert isinstance(r["supported"], bool)
+        if not r["supported"]:  # an answer from cuDNN itself, not a failure to reach it
+            assert re.match(r"cuDNN (validate|build_operation_graph|create_execution_plans|check_support|"
+                            r"build_plans|get_workspace_size) failed", r["reason"]), r["reason"]
         if gates.check("blackwell").supported:
             assert r["supported"], r["reason"]
             assert 0 <= r["workspace_bytes"] <= dot_cudnn.WORKSPACE_BYTES

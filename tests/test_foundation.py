@@ -286,3 +286,17 @@ def test_prefers_passes_over_without_a_fallback(caplog):
     sel = backends.select(op, "auto", problem=5000)  # large cannot run: small is the only one
     assert sel.chosen == "small" and sel.fallback
     assert backends.select(op, "small", problem=50).chosen == "small"  # by name: prefers not asked
+
+
+def test_a_library_found_by_soname_is_handed_to_cpp_by_its_real_path():
+    """C++ dlopens the path Python found; a library the system loader found by soname must
+    still have one (dladdr), or the cuDNN/cuBLASLt handlers would refuse to load it."""
+    import ctypes
+    import os
+
+    from jax_gpuext import _libs
+
+    libc = ctypes.CDLL("libc.so.6")
+    path = _libs._file_of(libc, "getpid")
+    assert path is not None and os.path.isabs(path) and os.path.basename(path).startswith("libc")
+    assert _libs._file_of(libc, "no_such_symbol_anywhere") is None

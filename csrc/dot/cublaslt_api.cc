@@ -4,6 +4,8 @@
 
 #include <mutex>
 
+#include "csrc/common/open_library.h"
+
 namespace gpuext {
 
 namespace {
@@ -15,13 +17,10 @@ Status Resolve(void* lib, const char* name, Fn* fn) {
   return Status::Ok();
 }
 
-Status LoadOnce(const std::string& path, CublasLtApi* api) {
-  if (path.empty()) {
-    return Status::Error("no cuBLASLt library path (jax_gpuext._libs found none: install nvidia-cublas)");
-  }
-  // RTLD_LOCAL: our resolution must not change which cuBLASLt other libraries bind to.
-  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr) return Status::Error("dlopen(" + path + ") failed: " + dlerror());
+Status LoadOnce(const std::string& path, CublasLtApi* api, std::string* opened) {
+  void* lib = nullptr;
+  Status s = OpenLibrary(path, {"libcublasLt.so.13", "libcublasLt.so.12"}, &lib, opened);
+  if (!s.ok()) return Status::Error("cuBLASLt: " + s.message() + " (install nvidia-cublas)");
   GPUEXT_RETURN_IF_ERROR(Resolve(lib, "cublasLtCreate", &api->Create));
   GPUEXT_RETURN_IF_ERROR(Resolve(lib, "cublasLtGetVersion", &api->GetVersion));
   GPUEXT_RETURN_IF_ERROR(Resolve(lib, "cublasLtMatmul", &api->Matmul));
@@ -47,14 +46,13 @@ Status LoadCublasLt(const std::string& path, const CublasLtApi** api) {
   std::lock_guard<std::mutex> lock(mu);
   if (loaded == nullptr) {
     auto* fresh = new CublasLtApi();
-    Status s = LoadOnce(path, fresh);
+    Status s = LoadOnce(path, fresh, &loaded_path);
     if (!s.ok()) {
       delete fresh;
       return s;
     }
     loaded = fresh;
-    loaded_path = path;
-  } else if (path != loaded_path) {
+  } else if (!path.empty() && path != loaded_path) {
     return Status::Error("cuBLASLt already loaded from " + loaded_path + ", asked for " + path);
   }
   *api = loaded;

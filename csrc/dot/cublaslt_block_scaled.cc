@@ -36,6 +36,9 @@ struct Descriptors {
   }
 };
 
+// The alignment every operand, scale and output pointer is guaranteed (see PlanFor).
+constexpr uint32_t kOperandAlignment = 16;
+
 using Key = std::tuple<int, int64_t, int64_t, int64_t, int, int, int, int, int, size_t>;
 
 struct Plan {
@@ -60,6 +63,19 @@ cublasStatus_t SetOp(const CublasLtApi* api, cublasLtMatmulDesc_t op, cublasLtMa
   return api->MatmulDescSetAttribute(op, attr, &value, sizeof(value));
 }
 
+bool DeviceAlpha(const BlockScaledMatmul& p) {
+  return p.lhs_scale_mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3 ||
+         p.rhs_scale_mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3;
+}
+
+// cuBLAS's A is our rhs, its B our lhs.
+Status SetScalePointers(const CublasLtApi* api, cublasLtMatmulDesc_t op, const void* rhs_scale,
+                        const void* lhs_scale) {
+  GPUEXT_CUBLAS_RETURN_IF_ERROR(SetOp(api, op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, rhs_scale));
+  GPUEXT_CUBLAS_RETURN_IF_ERROR(SetOp(api, op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, lhs_scale));
+  return Status::Ok();
+}
+
 // cuBLAS is column-major: out^T (N x M) = op_T(A = rhs, stored K x N) * op_N(B = lhs, stored K x M).
 // Both operands are K-contiguous: the "TN" layout FP8 requires.
 Status Describe(const CublasLtApi* api, const BlockScaledMatmul& p, Descriptors& ds) {
@@ -67,8 +83,10 @@ Status Describe(const CublasLtApi* api, const BlockScaledMatmul& p, Descriptors&
   const cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
   GPUEXT_CUBLAS_RETURN_IF_ERROR(SetOp(api, ds.op, CUBLASLT_MATMUL_DESC_TRANSA, t));
   GPUEXT_CUBLAS_RETURN_IF_ERROR(SetOp(api, ds.op, CUBLASLT_MATMUL_DESC_TRANSB, n));
-  // alpha (global scales) and beta (0) live on the device: no host sync, graph-safe.
-  const cublasLtPointerMode_t mode = CUBLASLT_POINTER_MODE_DEVICE;
+  // NVFP4's alpha (the product of the global scales) is a device value: device pointer mode, no
+  // host sync, graph-safe. Every other format has alpha = 1, passed from host constants (the
+  // default host mode, which is what NVIDIA's own FP8 block-scaling users run with).
+  const cublasLtPointerMode_t mode = DeviceAlpha(p) ? CUBLASLT_POINTER_MODE_DEVICE : CUBLASLT_POINTER_MODE_HOST;
   GPUEXT_CUBLAS_RETURN_IF_ERROR(SetOp(api, ds.op, CUBLASLT_MATMUL_DESC_POINTER_MODE, mode));
   const int32_t a_mode = p.rhs_scale_mode, b_mode = p.lhs_scale_mode;
   GPUEXT_CUBLAS_RETURN_IF_ERROR(SetOp(api, ds.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, a_mode));
@@ -102,11 +120,23 @@ Status PlanFor(const CublasLtApi* api, int device, const BlockScaledMatmul& p, D
     const uint64_t ws = p.workspace_bytes;
     GPUEXT_CUBLAS_RETURN_IF_ERROR(
         api->MatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-    // The heuristic needs the scale pointers' modes only, not their values: ask once.
+    // Batches after the first start at offsets that are only 16-byte aligned (K % 16, N rows of
+    // 16 bytes), and XLA promises no more for sub-buffers: never pick an algorithm assuming the
+    // default 256.
+    const uint32_t align = kOperandAlignment;
+    for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+      GPUEXT_CUBLAS_RETURN_IF_ERROR(api->MatmulPreferenceSetAttribute(ds.pref, attr, &align, sizeof(align)));
+    }
+    // `ds.op` carries scale pointers (the caller's, or Prepare's stand-ins): the block-scale
+    // modes make the heuristic reject a descriptor without them (CUBLAS_STATUS_INVALID_VALUE).
     cublasLtMatmulHeuristicResult_t result = {};
     int found = 0;
     GPUEXT_CUBLAS_RETURN_IF_ERROR(
         api->MatmulAlgoGetHeuristic(*handle, ds.op, ds.a, ds.b, ds.d, ds.d, ds.pref, 1, &result, &found));
+    if (found > 0 && result.state != CUBLAS_STATUS_SUCCESS) {
+      return Status::Error("cuBLASLt heuristic returned an algorithm in state " + CublasStatusName(result.state));
+    }
     if (found == 0) {
       return Status::Error("cuBLASLt has no algorithm for this block-scaled matmul (M=" + std::to_string(p.m) +
                            " N=" + std::to_string(p.n) + " K=" + std::to_string(p.k) + ")");
@@ -114,6 +144,18 @@ Status PlanFor(const CublasLtApi* api, int device, const BlockScaledMatmul& p, D
     pit = Plans().emplace(key, Plan{result.algo}).first;
   }
   *plan = pit->second;
+  return Status::Ok();
+}
+
+// A small device buffer per device whose address stands in for the scale pointers when the
+// heuristic is asked at trace time (never read: nothing runs). Allocated once, kept for the process.
+Status StandInScales(int device, const char** out) {
+  static std::mutex mu;
+  static auto* buffers = new std::map<int, void*>();
+  std::lock_guard<std::mutex> lock(mu);
+  void*& buffer = (*buffers)[device];
+  if (buffer == nullptr) GPUEXT_CUDA_RETURN_IF_ERROR(cudaMalloc(&buffer, 4 * kOperandAlignment));
+  *out = static_cast<const char*>(buffer);
   return Status::Ok();
 }
 
@@ -127,6 +169,11 @@ Status PrepareBlockScaledMatmul(const std::string& library_path, int device, con
   GPUEXT_RETURN_IF_ERROR(scoped.Enter(device, &current));
   Descriptors ds(api);
   GPUEXT_RETURN_IF_ERROR(Describe(api, p, ds));
+  // No operands exist at trace time: stand-in scale pointers, 16-byte but not 256-byte aligned
+  // like the worst real (per-batch) pointers, so the algorithm chosen fits every call.
+  const char* stand_in = nullptr;
+  GPUEXT_RETURN_IF_ERROR(StandInScales(current, &stand_in));
+  GPUEXT_RETURN_IF_ERROR(SetScalePointers(api, ds.op, stand_in + kOperandAlignment, stand_in + kOperandAlignment));
   cublasLtHandle_t handle = nullptr;
   Plan plan;
   return PlanFor(api, current, p, ds, &handle, &plan);
@@ -140,24 +187,25 @@ Status RunBlockScaledMatmul(const std::string& library_path, const BlockScaledMa
 
   Descriptors ds(api);
   GPUEXT_RETURN_IF_ERROR(Describe(api, p, ds));
+  GPUEXT_RETURN_IF_ERROR(SetScalePointers(api, ds.op, p.rhs_scale, p.lhs_scale));  // batch 0's
   cublasLtHandle_t handle = nullptr;
   Plan plan;
   GPUEXT_RETURN_IF_ERROR(PlanFor(api, device, p, ds, &handle, &plan));  // normally cached at trace time
+  static const float kHostAlphaBeta[2] = {1.0f, 0.0f};
+  const float* alpha_beta = DeviceAlpha(p) ? p.alpha_beta : kHostAlphaBeta;
 
   const size_t a_bytes = static_cast<size_t>(p.n) * p.k * ElementBits(p.rhs_type) / 8;
   const size_t b_bytes = static_cast<size_t>(p.m) * p.k * ElementBits(p.lhs_type) / 8;
   const size_t d_bytes = static_cast<size_t>(p.m) * p.n * (p.out_type == CUDA_R_32F ? 4 : 2);
   // cuBLASLt has no batch stride for scale tensors, so batches run one matmul each.
   for (int64_t i = 0; i < p.batch; ++i) {
-    const void* a_scale = static_cast<const char*>(p.rhs_scale) + i * p.rhs_scale_bytes;
-    const void* b_scale = static_cast<const char*>(p.lhs_scale) + i * p.lhs_scale_bytes;
-    GPUEXT_CUBLAS_RETURN_IF_ERROR(SetOp(api, ds.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, a_scale));
-    GPUEXT_CUBLAS_RETURN_IF_ERROR(SetOp(api, ds.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, b_scale));
+    GPUEXT_RETURN_IF_ERROR(SetScalePointers(api, ds.op, static_cast<const char*>(p.rhs_scale) + i * p.rhs_scale_bytes,
+                                            static_cast<const char*>(p.lhs_scale) + i * p.lhs_scale_bytes));
     const void* a = static_cast<const char*>(p.rhs) + i * a_bytes;
     const void* b = static_cast<const char*>(p.lhs) + i * b_bytes;
     void* d = static_cast<char*>(p.out) + i * d_bytes;
-    GPUEXT_CUBLAS_RETURN_IF_ERROR(api->Matmul(handle, ds.op, p.alpha_beta, a, ds.a, b, ds.b, p.alpha_beta + 1, d,
-                                              ds.d, d, ds.d, &plan.algo, p.workspace, p.workspace_bytes, stream));
+    GPUEXT_CUBLAS_RETURN_IF_ERROR(api->Matmul(handle, ds.op, alpha_beta, a, ds.a, b, ds.b, alpha_beta + 1, d, ds.d,
+                                              d, ds.d, &plan.algo, p.workspace, p.workspace_bytes, stream));
   }
   return Status::Ok();
 }

@@ -27,9 +27,9 @@ struct BlockScaledMatmul {
   const void* lhs_scale = nullptr;  // batch * lhs_scale_bytes
   const void* rhs_scale = nullptr;
   size_t lhs_scale_bytes = 0, rhs_scale_bytes = 0;  // per batch
-  const float* alpha_beta = nullptr;  // device: {alpha, 0.0f}
+  const float* alpha_beta = nullptr;  // device: {alpha, 0.0f}; read only for NVFP4 (else alpha = 1)
   void* out = nullptr;
-  void* workspace = nullptr;
+  void* workspace = nullptr;  // 256-byte aligned (cuBLASLt's requirement)
   size_t workspace_bytes = 0;
 };
 
@@ -59,7 +59,7 @@ Status RunBlockScaledMatmul(const std::string& library_path, const BlockScaledMa
 
 // Creates the handle of `device` (< 0: the current device) and asks the heuristic for `p`'s
 // algorithm now, caching both where RunBlockScaledMatmul finds them; pointers in `p` are not
-// read. Called at trace time (jax_gpuext/dot_cublaslt.py), so no call creates a handle or asks
+// read (the heuristic sees stand-in scale pointers). Called at trace time (jax_gpuext/dot_cublaslt.py), so no call creates a handle or asks
 // the heuristic while running or being captured into a CUDA graph, and "no algorithm" is a
 // trace-time answer.
 Status PrepareBlockScaledMatmul(const std::string& library_path, int device, const BlockScaledMatmul& p);

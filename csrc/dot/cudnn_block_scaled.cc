@@ -10,8 +10,6 @@
 // index fastest in memory for both; cuDNN applies the 128x4 tile swizzle (REFERENCE section 3).
 #include "csrc/dot/cudnn_block_scaled.h"
 
-#include <dlfcn.h>
-
 #include <cudnn_frontend.h>
 
 #include <exception>
@@ -22,6 +20,7 @@
 #include <unordered_map>
 
 #include "csrc/common/cuda_check.h"
+#include "csrc/common/open_library.h"
 #include "csrc/common/scoped_device.h"
 
 #if !defined(NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING)
@@ -66,18 +65,16 @@ Status LoadCudnn(const std::string& path) {
   static std::string loaded_path;
   std::lock_guard<std::mutex> lock(mu);
   if (fe::cudnn_dlhandle != nullptr) {
-    if (path != loaded_path) return Status::Error("cuDNN already loaded from " + loaded_path + ", asked for " + path);
+    if (!path.empty() && path != loaded_path) {
+      return Status::Error("cuDNN already loaded from " + loaded_path + ", asked for " + path);
+    }
     return Status::Ok();
   }
-  if (path.empty()) {
-    return Status::Error("no cuDNN library path (jax_gpuext._libs found none: install nvidia-cudnn-cu13/-cu12)");
-  }
-  // RTLD_LOCAL: we must not change which cuDNN XLA or other libraries bind to. cuDNN 9 loads its
-  // sub-libraries (libcudnn_graph, engines) from its own directory.
-  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr) return Status::Error("dlopen(" + path + ") failed: " + dlerror());
+  // cuDNN 9 loads its sub-libraries (libcudnn_graph, engines) from its own directory.
+  void* lib = nullptr;
+  Status s = OpenLibrary(path, {"libcudnn.so.9"}, &lib, &loaded_path);
+  if (!s.ok()) return Status::Error("cuDNN: " + s.message() + " (install nvidia-cudnn-cu13/-cu12)");
   fe::cudnn_dlhandle = lib;
-  loaded_path = path;
   return Status::Ok();
 }
 
@@ -140,8 +137,8 @@ Status Build(const CudnnBlockScaledMatmul& p, int device, cudnnHandle_t handle, 
   namespace g = fe::graph;
   auto graph = std::make_shared<g::Graph>();
   graph->set_intermediate_data_type(fe::DataType_t::FLOAT).set_compute_data_type(fe::DataType_t::FLOAT);
-  // Our own (statically linked) cudart reads the SM version, so the frontend does not need to
-  // find a libcudart.so for it.
+  // Our own (statically linked) cudart reads the SM version here. (The frontend's execute() may
+  // still look for a libcudart.so for its context check; it catches the failure itself.)
   int major = 0, minor = 0;
   GPUEXT_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   GPUEXT_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
@@ -245,7 +242,7 @@ Status DeviceFor(int device, Device** out) {
 }
 
 // The graph of `p` on `device`, built on first use and cached for the process (one lock for the
-// rare builds: at most one build per key). Caller holds g_mu.
+// rare builds: at most one build per key). Caller holds g_mu; lock order is g_mu, then dev->mu.
 Status CachedGraph(const CudnnBlockScaledMatmul& p, int device, Device* dev, Entry* out) {
   Key key{device,
           p.batch,
@@ -261,7 +258,13 @@ Status CachedGraph(const CudnnBlockScaledMatmul& p, int device, Device* dev, Ent
   auto git = Graphs().find(key);
   if (git == Graphs().end()) {
     Entry fresh;
-    GPUEXT_RETURN_IF_ERROR(Build(p, device, dev->handle, &fresh));
+    // The build uses the device's handle, which Run may be using on another thread (a traced
+    // call executing while a new shape is traced): cuDNN forbids sharing a handle concurrently.
+    std::lock_guard<std::mutex> handle_lock(dev->mu);
+    // Unprefixed: Build's message already names the cuDNN stage that failed, and is what
+    // explain and the probe show.
+    Status built = Build(p, device, dev->handle, &fresh);
+    if (!built.ok()) return built;
     git = Graphs().emplace(key, std::move(fresh)).first;
   }
   *out = git->second;
@@ -278,7 +281,8 @@ Status Run(const std::string& library_path, const CudnnBlockScaledMatmul& p, cud
   {
     std::lock_guard<std::mutex> lock(g_mu);
     GPUEXT_RETURN_IF_ERROR(DeviceFor(device, &dev));
-    GPUEXT_RETURN_IF_ERROR(CachedGraph(p, device, dev, &entry));  // normally built at trace time
+    Status cached = CachedGraph(p, device, dev, &entry);  // normally built at trace time
+    if (!cached.ok()) return cached;
   }
 
   std::unordered_map<int64_t, void*> ptrs = {
@@ -305,7 +309,8 @@ Status Prepare(const std::string& library_path, int device, const CudnnBlockScal
   Device* dev = nullptr;
   GPUEXT_RETURN_IF_ERROR(DeviceFor(current, &dev));
   Entry entry;
-  GPUEXT_RETURN_IF_ERROR(CachedGraph(p, current, dev, &entry));
+  Status cached = CachedGraph(p, current, dev, &entry);
+  if (!cached.ok()) return cached;
   *workspace_bytes = entry.workspace_bytes;
   return Status::Ok();
 }

@@ -1,16 +1,16 @@
 // CUDA handler of gpuext_block_scaled_dot_cublaslt (jax_gpuext/dot_cublaslt.py).
 //
 // Operands: lhs (B, M, K | K/2 packed FP4), lhs scales, rhs (B, N, ...), rhs scales, and
-// alpha_beta = {gs_l * gs_r, 0} (float32, device). Results: out (B, M, N) and a workspace
-// sized at trace time. Attributes: k (logical), lhs/rhs_type (0 E4M3, 1 E5M2, 2 packed E2M1),
+// alpha_beta = {gs_l * gs_r, 0} (float32, device; read only for NVFP4, whose alpha is not 1).
+// Results: out (B, M, N) and a workspace sized at trace time (plus 256 bytes of alignment slack). Attributes: k (logical), lhs/rhs_type (0 E4M3, 1 E5M2, 2 packed E2M1),
 // lhs/rhs_scale_mode (cublasLtMatmulMatrixScale_t). libcublasLt comes from the path Python set
 // (ffi/common/library_paths.h).
 //
 // kCmdBufferCompatible (REFERENCE section 2): the algorithm is chosen at trace time
 // (_cuda.cublaslt_prepare; on the first call if no GPU was there to trace on) and cached for the
 // process, so every call launches the same cuBLASLt kernels on the given stream; memory is only
-// the buffers passed (workspace included); alpha/beta are read from device memory; nothing
-// synchronises or queries the stream. Per-call host work is descriptors only, at record time.
+// the buffers passed (workspace included); alpha/beta are read from device memory or are host
+// constants; nothing synchronises or queries the stream. Per-call host work is descriptors only, at record time.
 #include <cuda_runtime_api.h>
 
 #include <string>
@@ -23,6 +23,8 @@
 
 namespace gpuext {
 namespace {
+
+constexpr size_t kWorkspaceSlack = 256;
 
 ffi::Error BlockScaledDotCublasLtImpl(cudaStream_t stream, ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale,
                                       ffi::AnyBuffer rhs, ffi::AnyBuffer rhs_scale,
@@ -66,13 +68,18 @@ ffi::Error BlockScaledDotCublasLtImpl(cudaStream_t stream, ffi::AnyBuffer lhs, f
   p.rhs = rhs.untyped_data();
   p.lhs_scale = lhs_scale.untyped_data();
   p.rhs_scale = rhs_scale.untyped_data();
+  if (p.batch == 0 || p.m == 0 || p.n == 0) return ffi::Error::Success();
   p.lhs_scale_bytes = lhs_scale.size_bytes() / p.batch;
   p.rhs_scale_bytes = rhs_scale.size_bytes() / p.batch;
   p.alpha_beta = alpha_beta.typed_data();
   p.out = out->untyped_data();
-  p.workspace = workspace->untyped_data();
-  p.workspace_bytes = workspace->size_bytes();
-  if (p.batch == 0 || p.m == 0 || p.n == 0) return ffi::Error::Success();
+  // cuBLASLt wants a 256-byte aligned workspace; the buffer carries kWorkspaceSlack extra bytes
+  // (dot_cublaslt.WORKSPACE_SLACK) so the aligned part always holds the size the plan assumed.
+  GPUEXT_FFI_CHECK(workspace->size_bytes() > kWorkspaceSlack,
+                   "workspace must exceed " + std::to_string(kWorkspaceSlack) + " bytes");
+  const auto base = reinterpret_cast<uintptr_t>(workspace->untyped_data());
+  p.workspace = reinterpret_cast<void*>((base + kWorkspaceSlack - 1) / kWorkspaceSlack * kWorkspaceSlack);
+  p.workspace_bytes = workspace->size_bytes() - kWorkspaceSlack;
   GPUEXT_FFI_RETURN_IF_ERROR(RunBlockScaledMatmul(LibraryPath("cublaslt"), p, stream));
   return ffi::Error::Success();
 }
