@@ -179,11 +179,13 @@ Status PrepareBlockScaledMatmul(const std::string& library_path, int device, con
   return PlanFor(api, current, p, ds, &handle, &plan);
 }
 
-Status RunBlockScaledMatmul(const std::string& library_path, const BlockScaledMatmul& p, cudaStream_t stream) {
+Status RunBlockScaledMatmul(const std::string& library_path, int device_ordinal, const BlockScaledMatmul& p,
+                            cudaStream_t stream) {
   const CublasLtApi* api = nullptr;
   GPUEXT_RETURN_IF_ERROR(LoadCublasLt(library_path, &api));
+  ScopedDevice scoped;  // the stream's device, whichever device this thread had current
   int device = 0;
-  GPUEXT_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  GPUEXT_RETURN_IF_ERROR(scoped.Enter(device_ordinal, &device));
 
   Descriptors ds(api);
   GPUEXT_RETURN_IF_ERROR(Describe(api, p, ds));

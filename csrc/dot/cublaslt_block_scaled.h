@@ -55,7 +55,10 @@ inline bool OutTypeOfCode(int32_t code, cudaDataType_t* out) {
 // Runs the matmul on `stream`. The first call for a (device, shape, types, modes) key asks
 // cuBLASLt's heuristic for an algorithm and caches it for the process, so later calls (and
 // replays of a CUDA graph recorded from them) launch the same kernels.
-Status RunBlockScaledMatmul(const std::string& library_path, const BlockScaledMatmul& p, cudaStream_t stream);
+// `device_ordinal` is the stream's CUDA device (XLA's device ordinal); it keys the caches and is
+// made current for the call.
+Status RunBlockScaledMatmul(const std::string& library_path, int device_ordinal, const BlockScaledMatmul& p,
+                            cudaStream_t stream);
 
 // Creates the handle of `device` (< 0: the current device) and asks the heuristic for `p`'s
 // algorithm now, caching both where RunBlockScaledMatmul finds them; pointers in `p` are not

@@ -271,10 +271,12 @@ Status CachedGraph(const CudnnBlockScaledMatmul& p, int device, Device* dev, Ent
   return Status::Ok();
 }
 
-Status Run(const std::string& library_path, const CudnnBlockScaledMatmul& p, cudaStream_t stream) {
+Status Run(const std::string& library_path, int device_ordinal, const CudnnBlockScaledMatmul& p,
+           cudaStream_t stream) {
   GPUEXT_RETURN_IF_ERROR(LoadCudnn(library_path));
+  ScopedDevice scoped;  // the stream's device, whichever device this thread had current
   int device = 0;
-  GPUEXT_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  GPUEXT_RETURN_IF_ERROR(scoped.Enter(device_ordinal, &device));
 
   Device* dev = nullptr;
   Entry entry;
@@ -336,9 +338,9 @@ Status PrepareCudnnBlockScaledMatmul(const std::string& library_path, int device
                  [&] { return Prepare(library_path, device, p, workspace_bytes); });
 }
 
-Status RunCudnnBlockScaledMatmul(const std::string& library_path, const CudnnBlockScaledMatmul& p,
+Status RunCudnnBlockScaledMatmul(const std::string& library_path, int device_ordinal, const CudnnBlockScaledMatmul& p,
                                  cudaStream_t stream) {
-  return Guarded("cuDNN block-scaled matmul", [&] { return Run(library_path, p, stream); });
+  return Guarded("cuDNN block-scaled matmul", [&] { return Run(library_path, device_ordinal, p, stream); });
 }
 
 }  // namespace gpuext

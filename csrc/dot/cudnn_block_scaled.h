@@ -49,7 +49,9 @@ struct CudnnBlockScaledMatmul {
 // and a later, different path is an error. The graph for a (device, shapes, types, alpha mode,
 // plan filter, workspace) key is built by PrepareCudnnBlockScaledMatmul at trace time (or here, on
 // first use, if it was not) and cached for the process, so every call launches the same plan. Nothing is allocated here: cuDNN's workspace is `workspace`.
-Status RunCudnnBlockScaledMatmul(const std::string& library_path, const CudnnBlockScaledMatmul& p,
+// `device_ordinal` is the stream's CUDA device (XLA's device ordinal): it keys the caches and is
+// made current for the call.
+Status RunCudnnBlockScaledMatmul(const std::string& library_path, int device_ordinal, const CudnnBlockScaledMatmul& p,
                                  cudaStream_t stream);
 
 // Builds (does not run) the graph of `p` on `device` (< 0: the current device) and caches it

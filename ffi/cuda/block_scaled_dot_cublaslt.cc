@@ -26,7 +26,7 @@ namespace {
 
 constexpr size_t kWorkspaceSlack = 256;
 
-ffi::Error BlockScaledDotCublasLtImpl(cudaStream_t stream, ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale,
+ffi::Error BlockScaledDotCublasLtImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale,
                                       ffi::AnyBuffer rhs, ffi::AnyBuffer rhs_scale,
                                       ffi::Buffer<ffi::F32> alpha_beta, ffi::Result<ffi::AnyBuffer> out,
                                       ffi::Result<ffi::AnyBuffer> workspace, int64_t k, int32_t lhs_type,
@@ -80,7 +80,7 @@ ffi::Error BlockScaledDotCublasLtImpl(cudaStream_t stream, ffi::AnyBuffer lhs, f
   const auto base = reinterpret_cast<uintptr_t>(workspace->untyped_data());
   p.workspace = reinterpret_cast<void*>((base + kWorkspaceSlack - 1) / kWorkspaceSlack * kWorkspaceSlack);
   p.workspace_bytes = workspace->size_bytes() - kWorkspaceSlack;
-  GPUEXT_FFI_RETURN_IF_ERROR(RunBlockScaledMatmul(LibraryPath("cublaslt"), p, stream));
+  GPUEXT_FFI_RETURN_IF_ERROR(RunBlockScaledMatmul(LibraryPath("cublaslt"), device, p, stream));
   return ffi::Error::Success();
 }
 
@@ -89,6 +89,7 @@ ffi::Error BlockScaledDotCublasLtImpl(cudaStream_t stream, ffi::AnyBuffer lhs, f
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BlockScaledDotCublasLtFfi, BlockScaledDotCublasLtImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()

@@ -30,7 +30,7 @@ bool ElementType(int32_t code, CudnnElement* out) {
   return true;
 }
 
-ffi::Error BlockScaledDotCudnnImpl(cudaStream_t stream, ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale,
+ffi::Error BlockScaledDotCudnnImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale,
                                    ffi::AnyBuffer rhs, ffi::AnyBuffer rhs_scale, ffi::Buffer<ffi::F32> alpha,
                                    ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace, int64_t k,
                                    int32_t lhs_type, int32_t rhs_type, int32_t fuse_alpha, int32_t graph_safe) {
@@ -89,7 +89,7 @@ ffi::Error BlockScaledDotCudnnImpl(cudaStream_t stream, ffi::AnyBuffer lhs, ffi:
   p.workspace = workspace->untyped_data();
   p.workspace_bytes = workspace->size_bytes();
   if (p.batch == 0 || p.m == 0 || p.n == 0) return ffi::Error::Success();
-  GPUEXT_FFI_RETURN_IF_ERROR(RunCudnnBlockScaledMatmul(LibraryPath("cudnn"), p, stream));
+  GPUEXT_FFI_RETURN_IF_ERROR(RunCudnnBlockScaledMatmul(LibraryPath("cudnn"), device, p, stream));
   return ffi::Error::Success();
 }
 
@@ -98,6 +98,7 @@ ffi::Error BlockScaledDotCudnnImpl(cudaStream_t stream, ffi::AnyBuffer lhs, ffi:
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BlockScaledDotCudnnFfi, BlockScaledDotCudnnImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
