@@ -18,12 +18,14 @@
   } while (0)
 
 // After a kernel launch (`kernel` is a string literal naming it): launch-configuration errors
-// surface here, attributed to that launch, not at the next unrelated CUDA call.
+// surface here, attributed to that launch, not at the next unrelated CUDA call. cudaGetLastError
+// also returns an error an earlier, unrelated kernel left (a sticky fault), so the message says
+// "at or before".
 #define GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR(kernel)                                            \
   do {                                                                                        \
     cudaError_t gpuext_cuda_err_ = cudaGetLastError();                                        \
     if (gpuext_cuda_err_ != cudaSuccess)                                                      \
-      return ::gpuext::Status::Error(std::string(GPUEXT_WHERE ": launch of " kernel " failed: ") + \
+      return ::gpuext::Status::Error(std::string(GPUEXT_WHERE ": CUDA error at or before the launch of " kernel ": ") + \
                                      cudaGetErrorName(gpuext_cuda_err_) + ": " +             \
                                      cudaGetErrorString(gpuext_cuda_err_));                  \
   } while (0)
