@@ -264,7 +264,8 @@ def _elements_to_codes(data):
 
 
 def _broadcast_leading(g, ndim: int):
-    """A global scale with leading batch dims (vmap) broadcast against data of rank ndim."""
+    """A per-tensor value (global scale, FP8_TENSOR scale) with leading batch dims (vmap), shaped
+    to broadcast against data of rank ndim."""
     return g.reshape(g.shape + (1,) * (ndim - g.ndim))
 
 
@@ -345,7 +346,8 @@ def dequantize(q: BlockScaledArray, dtype=jnp.float32, *, backend: str = "auto")
     if dtype not in _OUT_FORMATS:
         raise TypeError(f"dequantize: dtype must be float32, bfloat16 or float16, got {dtype}")
     fmt = q.format
-    expected = scale_shape(q.data.shape, fmt, q.axis)
+    # FP8_TENSOR: one scale per tensor; quantized under vmap, the scale holds the leading batch dims
+    expected = tuple(q.data.shape[:q.scale.ndim]) if fmt.per_tensor else scale_shape(q.data.shape, fmt, q.axis)
     if q.data.dtype != fmt.elem_dtype or q.scale.dtype != fmt.scale_dtype or q.scale.shape != expected:
         raise ValueError(f"{fmt.name}: data {q.data.dtype}{list(q.data.shape)} and scale "
                          f"{q.scale.dtype}{list(q.scale.shape)} do not match (expected data {fmt.elem_dtype}, "
@@ -364,8 +366,8 @@ def dequantize(q: BlockScaledArray, dtype=jnp.float32, *, backend: str = "auto")
 
 def _expand_scale(scale, fmt: BlockFormat, axis: int, shape):
     """Per-block values repeated to per-element, cropped to the logical shape."""
-    if fmt.per_tensor:
-        return jnp.broadcast_to(scale, shape)
+    if fmt.per_tensor:  # the scale's (batch) dims are the leading ones, not trailing as numpy aligns
+        return jnp.broadcast_to(_broadcast_leading(scale, len(shape)), shape)
     if len(fmt.block) == 2:
         s = jnp.repeat(jnp.repeat(scale, fmt.block[0], axis=-2), fmt.block[1], axis=-1)
         return s[..., : shape[-2], : shape[-1]]

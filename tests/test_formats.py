@@ -14,7 +14,7 @@ import pytest
 
 import _formats_numpy as npref
 import jax_gpuext as gx
-from jax_gpuext import formats
+from jax_gpuext import _ffi, formats
 
 # The block formats; FP8_TENSOR (one scale per tensor) has its own tests at the end.
 FORMATS = [f for f in formats.FORMATS.values() if not f.per_tensor]
@@ -308,6 +308,19 @@ def test_errors():
     assert gx.quantize(x, "NVFP4").format is gx.NVFP4
 
 
+def test_handlers_reject_a_data_buffer_of_another_shape():
+    """The handlers take every index from x (quantize) / the output (dequantize): a direct caller's
+    data buffer of another shape must be an error, not an out-of-bounds access."""
+    attrs = dict(format=np.int32(gx.MXFP8_E4M3.code), axis=np.int64(-1), fp4_packed=np.int32(0))
+    e4m3, e8m0, g = jnp.float8_e4m3fn, jnp.float8_e8m0fnu, jnp.ones((), jnp.float32)
+    out = (jax.ShapeDtypeStruct((4, 32), e4m3), jax.ShapeDtypeStruct((4, 2), e8m0))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"shape \[4, 32\] but x has shape \[4, 64\]"):
+        _ffi.ffi_call(formats.QUANTIZE_TARGET, out, jnp.ones((4, 64)), g, scale_rounding=np.int32(0), **attrs)
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"shape \[4, 64\] but output has shape \[4, 32\]"):
+        _ffi.ffi_call(formats.DEQUANTIZE_TARGET, jax.ShapeDtypeStruct((4, 32), jnp.float32),
+                      jnp.ones((4, 64), e4m3), jnp.ones((4, 2), e8m0), g, **attrs)
+
+
 # --------------------------------------------------------------------------- FP8_TENSOR
 def expected_per_tensor(x):
     """FP8_TENSOR of each x[i] (a tensor per leading index): (values, scales) by the FP8 blockwise
@@ -367,6 +380,23 @@ def test_per_tensor_specials_and_empty(backend):
     # a vmapped batch of empty tensors still gets one scale each
     ev = per_tensor_quantizer(backend)(np.zeros((3, 0, 8), np.float32))
     np.testing.assert_array_equal(np.asarray(ev.scale), np.ones(3, np.float32))
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_per_tensor_vmapped_dequantizes_outside_vmap(backend):
+    """Quantized under (nested) vmap, the scale holds the leading batch dims ((B,) or (B1, B2));
+    dequantizing the whole batch at once must equal dequantizing each example on its own."""
+    x = random_blocks(23, 12, (5, 8), np.float32)  # specials included: zero, +-max, NaN, Inf tensors
+    one = dequantizer(backend, jnp.float32)
+    for batch in ((12,), (3, 4)):
+        f = lambda v: gx.quantize(v, gx.FP8_TENSOR, backend=backend)  # noqa: E731
+        for _ in batch:
+            f = jax.vmap(f)
+        q = jax.jit(f)(x.reshape(batch + (5, 8)))
+        assert q.scale.shape == batch
+        flat = jax.tree_util.tree_map(lambda a: a.reshape((12,) + a.shape[len(batch):]), q)
+        want = np.stack([as_bits(one(jax.tree_util.tree_map(lambda a: a[i], flat))) for i in range(12)])
+        assert_bits_equal(one(q), want.reshape(batch + (5, 8)), f"FP8_TENSOR batch {batch} dequantize {backend}")
 
 
 def test_per_tensor_lowers_to_our_custom_calls():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -17,8 +18,9 @@ pytestmark = pytest.mark.gpu
 
 def test_float4_buffer_layout():
     """Reads an XLA-made float4 array through gpuext_dequantize assuming the *packed* layout:
-    reading n/2 bytes is in bounds whichever layout XLA uses. If the values come back, XLA packs
-    (and FP4_PACKED['cuda'] must be True); else it is one per byte and must be False."""
+    reading n/2 bytes is in bounds whichever layout XLA uses. What comes back tells the layout:
+    packed low nibble first (FP4_PACKED['cuda'] = True), packed high nibble first (no setting
+    fits: the kernels would need to change) or one value per byte (FP4_PACKED['cuda'] = False)."""
     dev = jax.devices("cuda")[0]
     codes = np.arange(4096) % 16
     values = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], np.float32)[codes]
@@ -32,8 +34,24 @@ def test_float4_buffer_layout():
         y = np.asarray(jax.jit(lambda q: gx.dequantize(q, backend="cuda"))(q))
     finally:
         formats.FP4_PACKED["cuda"] = saved
-    packed = bool((y.reshape(-1) == values).all())
-    assert packed == saved, (f"XLA's CUDA float4_e2m1fn buffers are {'packed' if packed else 'one per byte'}: "
+    y = y.reshape(-1)
+    # What the packed read returns under each layout XLA could use (compared as bits: -0.0 counts).
+    # One per byte: byte i holds element i alone, so element 2i reads code i and 2i+1 the zero
+    # high nibble.
+    layouts = {
+        "packed, low nibble first": values,
+        "packed, high nibble first": values.reshape(-1, 2)[:, ::-1].ravel(),
+        "one per byte": np.stack([values[:2048], np.zeros(2048, np.float32)], -1).ravel(),
+    }
+    matches = [name for name, want in layouts.items() if (y.view(np.uint32) == want.view(np.uint32)).all()]
+    nibbles = y.astype(ml_dtypes.float4_e2m1fn).view(np.uint8)
+    read = " ".join(f"{b:02x}" for b in nibbles[:32:2] | nibbles[1:32:2] << 4)  # the first 16 bytes as read
+    assert len(matches) == 1, f"XLA's CUDA float4_e2m1fn buffer fits {matches or 'no known layout'}; bytes: {read}"
+    assert matches[0] != "packed, high nibble first", (
+        "XLA's CUDA float4_e2m1fn buffers are packed with element 2i in the HIGH nibble: FP4_PACKED cannot "
+        f"express that; the packing in csrc/formats/block_scaled_io.h and the kernels must change (bytes: {read})")
+    packed = matches[0] == "packed, low nibble first"
+    assert packed == saved, (f"XLA's CUDA float4_e2m1fn buffers are {matches[0]}: "
                              f"set jax_gpuext.formats.FP4_PACKED['cuda'] = {packed}")
 
 

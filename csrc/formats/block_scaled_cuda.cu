@@ -27,8 +27,23 @@ namespace {
 
 constexpr int kChunk = 8;  // elements per thread in the row kernels
 
-__device__ __forceinline__ uint32_t GlobalBits(const BlockScaledGeometry& g, const float* gs, int64_t outer_index) {
-  return gs == nullptr ? kF32One : __float_as_uint(gs[outer_index / (g.outer / g.global_count)]);
+// Geometry the kernels would otherwise recompute in every thread, with 64-bit integer divisions
+// (tens of instructions each on the GPU): computed once on the host and passed by value.
+struct Hoisted {
+  int64_t blocks_along;     // blocks (128-row tiles for FP8_128x128) along K
+  int64_t row_len;          // elements per outer index: K * inner, or M * N for FP8_128x128
+  int64_t rows_per_global;  // outer indices sharing one NVFP4 global scale (vmap's batch)
+};
+
+Hoisted HoistedOf(const BlockScaledGeometry& g) {
+  return {g.blocks_along(), g.two_d() ? g.k * g.cols : g.k * g.inner, g.outer / g.global_count};
+}
+
+// Only NVFP4 has a global scale: every other format ignores it, so skip its load and division.
+__device__ __forceinline__ uint32_t GlobalBits(const BlockScaledGeometry& g, const Hoisted& h, const float* gs,
+                                               int64_t outer_index) {
+  if (g.format != kNvfp4 || gs == nullptr) return kF32One;
+  return __float_as_uint(gs[outer_index / h.rows_per_global]);
 }
 
 __device__ __forceinline__ void LoadChunk(const void* x, FloatType t, int64_t i, uint32_t (&v)[kChunk]) {
@@ -69,7 +84,7 @@ __device__ __forceinline__ void StoreChunk(void* data, bool fp4_packed, int64_t 
 }
 
 template <int kLanes>  // lanes per block = block / 8: 2 (NVFP4), 4 (MX), 16 (1x128)
-__global__ void QuantizeRows1d(QuantizeArgs a, int64_t chunks_per_row_padded, int64_t total_threads) {
+__global__ void QuantizeRows1d(QuantizeArgs a, Hoisted h, int64_t chunks_per_row_padded, int64_t total_threads) {
   const BlockScaledGeometry& g = a.geo;
   const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t row = t / chunks_per_row_padded, c = t % chunks_per_row_padded;
@@ -85,9 +100,9 @@ __global__ void QuantizeRows1d(QuantizeArgs a, int64_t chunks_per_row_padded, in
 #pragma unroll
   for (int off = kLanes / 2; off > 0; off >>= 1) amax = max(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
   if (!active) return;
-  const BlockScale s = ComputeBlockScale(g.format, a.scale_rounding, amax, GlobalBits(g, a.global_scale, row));
+  const BlockScale s = ComputeBlockScale(g.format, a.scale_rounding, amax, GlobalBits(g, h, a.global_scale, row));
   const int64_t block_in_row = c / kLanes;
-  if (c % kLanes == 0) StoreScale(a.scale, g.format, row * g.blocks_along() + block_in_row, s.stored);
+  if (c % kLanes == 0) StoreScale(a.scale, g.format, row * h.blocks_along + block_in_row, s.stored);
   uint32_t codes[kChunk];
 #pragma unroll
   for (int j = 0; j < kChunk; ++j) codes[j] = QuantizeElement(g.format, s, v[j]);
@@ -106,16 +121,17 @@ __device__ __forceinline__ void StoreCodeAtomic(void* data, bool fp4_packed, int
   atomicOr(reinterpret_cast<unsigned int*>(static_cast<uint8_t*>(data) + (byte & ~int64_t(3))), (code & 0xFu) << shift);
 }
 
-__global__ void QuantizeStrided1d(QuantizeArgs a, int64_t columns) {
+__global__ void QuantizeStrided1d(QuantizeArgs a, Hoisted h, int64_t columns) {
   const BlockScaledGeometry& g = a.geo;
   const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= columns) return;
-  const int64_t i = t % g.inner, b = (t / g.inner) % g.blocks_along(), o = t / (g.inner * g.blocks_along());
+  const int64_t i = t % g.inner, ob = t / g.inner;  // ob = o * blocks_along + b
+  const int64_t b = ob % h.blocks_along, o = ob / h.blocks_along;
   const int64_t begin = b * g.block, end = min(g.k, begin + g.block);
   uint32_t amax = 0;
   for (int64_t kk = begin; kk < end; ++kk)
     amax = max(amax, LoadInputBits(a.x, a.in_type, (o * g.k + kk) * g.inner + i) & kF32AbsMask);
-  const BlockScale s = ComputeBlockScale(g.format, a.scale_rounding, amax, GlobalBits(g, a.global_scale, o));
+  const BlockScale s = ComputeBlockScale(g.format, a.scale_rounding, amax, GlobalBits(g, h, a.global_scale, o));
   StoreScale(a.scale, g.format, t, s.stored);
   for (int64_t kk = begin; kk < end; ++kk) {
     const int64_t e = (o * g.k + kk) * g.inner + i;
@@ -125,11 +141,11 @@ __global__ void QuantizeStrided1d(QuantizeArgs a, int64_t columns) {
 
 constexpr int kTileThreads = 256;  // two threads per tile column, 64 rows each
 
-__global__ void QuantizeTiles128(QuantizeArgs a) {
+__global__ void QuantizeTiles128(QuantizeArgs a, Hoisted h) {
   const BlockScaledGeometry& g = a.geo;
   const int64_t tile = blockIdx.x;
-  const int64_t bc = tile % g.block_cols(), br = (tile / g.block_cols()) % g.blocks_along();
-  const int64_t o = tile / (g.block_cols() * g.blocks_along());
+  const int64_t bc = tile % g.block_cols(), obr = tile / g.block_cols();  // obr = o * blocks_along + br
+  const int64_t br = obr % h.blocks_along, o = obr / h.blocks_along;
   const int col = threadIdx.x % 128, half = threadIdx.x / 128;  // two threads per column, 64 rows each
   const int64_t c = bc * 128 + col;
   uint32_t v[64];
@@ -211,22 +227,22 @@ __global__ void FinalizeTensorScale(QuantizeArgs a) {
 }
 
 // Index of the scale of element e (any layout).
-__device__ __forceinline__ int64_t ScaleIndexOf(const BlockScaledGeometry& g, int64_t e, int64_t* outer) {
-  const int64_t row_len = g.two_d() ? g.k * g.cols : g.k * g.inner;
-  const int64_t o = e / row_len, rest = e % row_len;
+__device__ __forceinline__ int64_t ScaleIndexOf(const BlockScaledGeometry& g, const Hoisted& h, int64_t e,
+                                                int64_t* outer) {
+  const int64_t o = e / h.row_len, rest = e % h.row_len;
   *outer = o;
-  if (g.two_d()) return (o * g.blocks_along() + (rest / g.cols) / 128) * g.block_cols() + (rest % g.cols) / 128;
-  return (o * g.blocks_along() + (rest / g.inner) / g.block) * g.inner + rest % g.inner;
+  if (g.two_d()) return (o * h.blocks_along + (rest / g.cols) / 128) * g.block_cols() + (rest % g.cols) / 128;
+  return (o * h.blocks_along + (rest / g.inner) / g.block) * g.inner + rest % g.inner;
 }
 
-__global__ void Dequantize(DequantizeArgs a) {
+__global__ void Dequantize(DequantizeArgs a, Hoisted h) {
   const BlockScaledGeometry& g = a.geo;
   const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= g.elements()) return;
   int64_t o;
-  const int64_t s = ScaleIndexOf(g, e, &o);
+  const int64_t s = ScaleIndexOf(g, h, e, &o);
   const uint32_t bits = DequantizeElement(g.format, LoadElementCode(a.data, g.fp4_packed, e),
-                                          LoadScale(a.scale, g.format, s), GlobalBits(g, a.global_scale, o),
+                                          LoadScale(a.scale, g.format, s), GlobalBits(g, h, a.global_scale, o),
                                           OutputFormat(a.out_type));
   StoreOutput(a.y, a.out_type, e, bits);
 }
@@ -234,14 +250,14 @@ __global__ void Dequantize(DequantizeArgs a) {
 // Contiguous runs of 8 (Vectorizable below): the 8 elements share one scale, so a thread loads it
 // once, reads its codes as one 8-byte (or 4-byte packed FP4) word and writes one 16-byte (bf16 /
 // f16) or two 16-byte (f32) vectors, instead of eight byte loads and eight narrow stores.
-__global__ void DequantizeChunks(DequantizeArgs a, int64_t chunks) {
+__global__ void DequantizeChunks(DequantizeArgs a, Hoisted h, int64_t chunks) {
   const BlockScaledGeometry& g = a.geo;
   const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= chunks) return;
   const int64_t e0 = t * kChunk;
   int64_t o;
-  const int64_t s = ScaleIndexOf(g, e0, &o);
-  const uint32_t scale = LoadScale(a.scale, g.format, s), gbits = GlobalBits(g, a.global_scale, o);
+  const int64_t s = ScaleIndexOf(g, h, e0, &o);
+  const uint32_t scale = LoadScale(a.scale, g.format, s), gbits = GlobalBits(g, h, a.global_scale, o);
   const BitFormat out = OutputFormat(a.out_type);
   uint32_t codes[kChunk];
   if (g.fp4_packed) {
@@ -308,9 +324,10 @@ Status QuantizeCuda(cudaStream_t stream, const QuantizeArgs& a) {
   if (g.per_tensor()) return QuantizePerTensor(stream, a);  // writes scales even for empty tensors
   if (g.elements() == 0) return Status::Ok();
   constexpr int kThreads = 256;
+  const Hoisted h = HoistedOf(g);
   if (g.two_d()) {
-    const int64_t tiles = g.outer * g.blocks_along() * g.block_cols();
-    QuantizeTiles128<<<unsigned(tiles), kTileThreads, 0, stream>>>(a);
+    const int64_t tiles = g.outer * h.blocks_along * g.block_cols();
+    QuantizeTiles128<<<unsigned(tiles), kTileThreads, 0, stream>>>(a, h);
     GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("QuantizeTiles128");
     return Status::Ok();
   }
@@ -321,16 +338,16 @@ Status QuantizeCuda(cudaStream_t stream, const QuantizeArgs& a) {
     const int64_t total = g.outer * chunks;
     const unsigned grid = unsigned(Blocks(total, kThreads));
     switch (lanes) {
-      case 2: QuantizeRows1d<2><<<grid, kThreads, 0, stream>>>(a, chunks, total); break;
-      case 4: QuantizeRows1d<4><<<grid, kThreads, 0, stream>>>(a, chunks, total); break;
-      default: QuantizeRows1d<16><<<grid, kThreads, 0, stream>>>(a, chunks, total); break;
+      case 2: QuantizeRows1d<2><<<grid, kThreads, 0, stream>>>(a, h, chunks, total); break;
+      case 4: QuantizeRows1d<4><<<grid, kThreads, 0, stream>>>(a, h, chunks, total); break;
+      default: QuantizeRows1d<16><<<grid, kThreads, 0, stream>>>(a, h, chunks, total); break;
     }
     GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("QuantizeRows1d");
     return Status::Ok();
   }
   if (g.fp4_packed) GPUEXT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(a.data, 0, size_t((g.elements() + 1) / 2), stream));
-  const int64_t columns = g.outer * g.blocks_along() * g.inner;
-  QuantizeStrided1d<<<unsigned(Blocks(columns, kThreads)), kThreads, 0, stream>>>(a, columns);
+  const int64_t columns = g.outer * h.blocks_along * g.inner;
+  QuantizeStrided1d<<<unsigned(Blocks(columns, kThreads)), kThreads, 0, stream>>>(a, h, columns);
   GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("QuantizeStrided1d");
   return Status::Ok();
 }
@@ -347,13 +364,14 @@ static bool Vectorizable(const DequantizeArgs& a) {
 Status DequantizeCuda(cudaStream_t stream, const DequantizeArgs& a) {
   const int64_t n = a.geo.elements();
   if (n == 0) return Status::Ok();
+  const Hoisted h = HoistedOf(a.geo);
   if (Vectorizable(a)) {
     const int64_t chunks = n / kChunk;
-    DequantizeChunks<<<unsigned(Blocks(chunks, 256)), 256, 0, stream>>>(a, chunks);
+    DequantizeChunks<<<unsigned(Blocks(chunks, 256)), 256, 0, stream>>>(a, h, chunks);
     GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("DequantizeChunks");
     return Status::Ok();
   }
-  Dequantize<<<unsigned(Blocks(n, 256)), 256, 0, stream>>>(a);
+  Dequantize<<<unsigned(Blocks(n, 256)), 256, 0, stream>>>(a, h);
   GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("Dequantize");
   return Status::Ok();
 }

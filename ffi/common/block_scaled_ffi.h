@@ -31,15 +31,28 @@ inline ffi::DataType ScaleTypeOf(int32_t format) {
   return format == kNvfp4 ? ffi::DataType::F8E4M3FN : ffi::DataType::F32;
 }
 
-// Geometry of `dims` quantized along `axis` (negative) in `format`; checks the element buffer
-// (dtype, and FP4 packing from its byte size), the scale buffer and the global scale.
+inline std::string DimsString(ffi::Span<const int64_t> dims) {
+  std::string s = "[";
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + "]";
+}
+
+// Geometry of `dims` (the shape of the float array, named `dims_name`) quantized along `axis`
+// (negative) in `format`; checks the element buffer (dtype, shape; FP4 packing is the
+// fp4_packed attribute), the scale buffer and the global scale.
 inline ffi::ErrorOr<BlockScaledGeometry> GeometryOf(int32_t format, int64_t axis, ffi::Span<const int64_t> dims,
-                                                    const ffi::AnyBuffer& data, const ffi::AnyBuffer& scale,
-                                                    const ffi::AnyBuffer& global_scale, bool fp4_packed) {
+                                                    const char* dims_name, const ffi::AnyBuffer& data,
+                                                    const ffi::AnyBuffer& scale, const ffi::AnyBuffer& global_scale,
+                                                    bool fp4_packed) {
   auto fail = [](std::string m) {
     return ffi::Unexpected<ffi::Error>(ffi::Error(ffi::ErrorCode::kInvalidArgument, std::move(m)));
   };
   if (format < kMxfp8E4m3 || format > kFp8PerTensor) return fail("unknown format " + std::to_string(format));
+  // Both platforms take every index from `dims` alone: a data buffer of another shape would be
+  // read or written out of bounds. XLA gives FP4 buffers the logical shape too (packed or not).
+  if (!(data.dimensions() == dims))
+    return fail("element buffer has shape " + DimsString(data.dimensions()) + " but " + dims_name + " has shape " +
+                DimsString(dims));
   BlockScaledGeometry g;
   g.format = format;
   const int64_t rank = int64_t(dims.size());
@@ -95,7 +108,8 @@ inline ffi::ErrorOr<QuantizeArgs> DecodeQuantize(ffi::AnyBuffer x, ffi::AnyBuffe
                                                  int64_t axis, int32_t scale_rounding, int32_t fp4_packed) {
   QuantizeArgs a;
   GPUEXT_FFI_ASSIGN_OR_FORWARD(a.in_type, FloatTypeOf(x.element_type(), "x"));
-  GPUEXT_FFI_ASSIGN_OR_FORWARD(a.geo, GeometryOf(format, axis, x.dimensions(), data, scale, global_scale, fp4_packed));
+  GPUEXT_FFI_ASSIGN_OR_FORWARD(
+      a.geo, GeometryOf(format, axis, x.dimensions(), "x", data, scale, global_scale, fp4_packed));
   if (!(scale_rounding == kRoundUp || (scale_rounding == kRoundOcp && IsMx(format))))
     return ffi::Unexpected<ffi::Error>(ffi::Error(
         ffi::ErrorCode::kInvalidArgument, "scale_rounding " + std::to_string(scale_rounding) +
@@ -114,7 +128,8 @@ inline ffi::ErrorOr<DequantizeArgs> DecodeDequantize(ffi::AnyBuffer data, ffi::A
                                                      int32_t format, int64_t axis, int32_t fp4_packed) {
   DequantizeArgs a;
   GPUEXT_FFI_ASSIGN_OR_FORWARD(a.out_type, FloatTypeOf(y.element_type(), "output"));
-  GPUEXT_FFI_ASSIGN_OR_FORWARD(a.geo, GeometryOf(format, axis, y.dimensions(), data, scale, global_scale, fp4_packed));
+  GPUEXT_FFI_ASSIGN_OR_FORWARD(
+      a.geo, GeometryOf(format, axis, y.dimensions(), "output", data, scale, global_scale, fp4_packed));
   a.data = data.untyped_data();
   a.scale = scale.untyped_data();
   a.global_scale = static_cast<const float*>(global_scale.untyped_data());
