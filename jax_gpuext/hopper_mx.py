@@ -77,11 +77,19 @@ def supports(p) -> GateResult:
     if jnp.dtype(p.out_dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
         return GateResult(False, f"output dtype {p.out_dtype} not supported")
     b, m, n, k = p.bmnk
+    if k == 0:
+        # the handler rejects it at run time; rejecting here lets the selector fall back instead
+        return GateResult(False, "K=0: nothing to contract (the kernel needs K >= 1)")
     if b > 65535:
         return GateResult(False, f"batch {b} > 65535 (grid.y limit)")
     k_kernel = _kernel_k(k, fam)
     if max(m, n, k_kernel) > _MAX_DIM:
         return GateResult(False, f"M={m}, N={n}, kernel K={k_kernel} must each be < 2^31")
+    # csrc/hopper_mx Validate's grid and output limits (every tile config is >= 64 x 64)
+    if -(-m // 64) * -(-n // 64) >= 2**31:
+        return GateResult(False, f"M={m}, N={n}: too many output tiles for grid.x (< 2^31)")
+    if b * m * n >= 2**62:
+        return GateResult(False, f"B*M*N={b * m * n} output elements: must be < 2^62")
     r = built_for_sm90a()
     if not r.supported:
         return r
@@ -274,5 +282,5 @@ def register() -> None:
         "hopper_mx", ("cuda",), ("cuda_extension", "cuda_device", "cuda_driver", "hopper"),
         "our sm_90a kernel: FP8 wgmma with per-32 block scales applied to fp32 partials "
         "(MXFP8; NVFP4 widened to E4M3)", supports,
-        takes="MXFP8 and NVFP4 (one family per dot), any M, N, K < 2^31, batch <= 65535; _cuda built for 90a"),
+        takes="MXFP8 and NVFP4 (one family per dot), any M, N, 0 < K < 2^31, batch <= 65535; _cuda built for 90a"),
         impl)

@@ -8,6 +8,7 @@ emulation of the kernel's arithmetic), tile-config choice and the autotune cache
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import zlib
 
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 
 import jax_gpuext
-from jax_gpuext import backends, formats, hopper_mx
+from jax_gpuext import _ext, backends, formats, hopper_mx
 from jax_gpuext import dot as bsd
 from jax_gpuext.errors import UnsupportedError
 
@@ -198,6 +199,26 @@ def test_supports_rejects_fp8_blockwise_and_accepts_mx_nvfp4_problems():
         assert r.supported or "sm_90a" in r.reason or "no CUDA extension" in r.reason, r.reason
 
 
+def test_supports_rejects_k_zero():
+    # Validate (csrc) rejects K = 0 at run time; supports() must say so first, so that the
+    # selector falls back instead of picking a call that fails.
+    _, _, p = _problem(MX_E4M3, MX_E4M3)
+    p0 = dataclasses.replace(p, lhs_shape=(64, 0), rhs_shape=(32, 0))
+    assert p0.bmnk[3] == 0
+    r = hopper_mx.supports(p0)
+    assert not r.supported and "K=0" in r.reason
+
+
+def test_handler_registers_an_initialize_stage():
+    # ffi/cuda/hopper_mx.cc does the first-use setup in XLA's initialize stage (outside any
+    # command-buffer capture); the stage dict is what reaches jax.ffi.register_ffi_target.
+    mod = _ext.module("cuda")
+    if mod is None:
+        pytest.skip("no CUDA extension")
+    stages = mod.registrations()["gpuext_hopper_mx_dot"]
+    assert isinstance(stages, dict) and set(stages) == {"initialize", "execute"}
+
+
 def _emulate_kernel(a, b, sa, sb, m, n):
     """NumPy model of the kernel on prepared operands: per 32-block partial, then scaled sum."""
     a = np.asarray(a).astype(np.float64)
@@ -259,3 +280,59 @@ def test_autotune_cache_round_trip(tmp_path, monkeypatch):
     assert json.loads(hopper_mx.cache_path().read_text())[key]["config"] == "m128n64"
     cfg, src = hopper_mx.choose_config(*dims, jnp.float8_e4m3fn, jnp.float8_e4m3fn, jnp.bfloat16)
     assert cfg == "m128n64" and "autotune cache" in src
+
+
+# --------------------------------------------------------------------------- CPU: scale step
+def _fp32_is_ieee() -> bool:
+    # the model below needs fp32 subnormals; a library that set flush-to-zero would break it
+    return np.float32(2.0**-127) * np.float32(0.5) == np.float32(2.0**-128)
+
+
+def _scale_step(part, sa, sb):
+    """The kernel's promotion of one partial into acc = 0, in fp32 (hopper_mx_kernel.cuh):
+    x = part * sa (FMUL, rounded to fp32), then fmaf(x, sb, 0) (FFMA: exact product, one
+    rounding). For power-of-two sb, float64 holds x * sb exactly, so one cast models the FFMA."""
+    with np.errstate(over="ignore", under="ignore"):
+        x = np.float32(part) * np.float32(sa)
+        return (x.astype(np.float64) * sb).astype(np.float32)
+
+
+def test_scale_step_is_exact_where_the_kernel_comment_says():
+    """The bounds stated at the kernel's promotion: for MX scales the FMUL + FFMA pair adds
+    part * sa * sb with one rounding for every sb and every partial 2^-32 <= |part| < 2^37
+    when 2^-94 <= sa <= 2^91 (E8M0 codes 33..218); outside that, opposite extremes break it."""
+    if not _fp32_is_ieee():
+        pytest.skip("fp32 subnormals are flushed in this process")
+    e5 = ml_dtypes.finfo(ml_dtypes.float8_e5m2)
+    lo, hi = float(e5.smallest_subnormal) ** 2, 32 * float(e5.max) ** 2  # nonzero |partial| range
+    assert lo == 2.0**-32 and hi < 2.0**37
+    rng = np.random.default_rng(0)
+    mant = 1 + rng.integers(0, 2**23, 60) / 2**23  # 24-bit significands
+    odd = (1 + 2.0**-23) * lo  # needs all 24 bits at the smallest exponent: the lower edge
+    edges = [lo, odd, hi, np.nextafter(np.float32(2.0**37), np.float32(0))]
+    part = np.concatenate([edges, mant * 2.0 ** rng.integers(-32, 37, 60)])
+    part = (part * rng.choice([-1.0, 1.0], 64)).astype(np.float32)[:, None, None]
+    sa = np.ldexp(np.float32(1), np.arange(33, 219) - 127)[None, :, None]  # E8M0 codes 33..218
+    sb = np.ldexp(1.0, np.arange(0, 255) - 127)[None, None, :]  # every finite E8M0 code
+    with np.errstate(over="ignore"):
+        want = (part.astype(np.float64) * sa.astype(np.float64) * sb).astype(np.float32)
+    np.testing.assert_array_equal(_scale_step(part, sa, sb), want)
+    # just outside: sa = 2^-95 drops a bit into an fp32 subnormal, sa = 2^92 overflows, although
+    # the full terms (with sb = 2^100 and 2^-100) are ordinary normal numbers
+    assert _scale_step(np.float32(odd), 2.0**-95, 2.0**100) != np.float32(odd * 2.0**5)
+    assert np.isinf(_scale_step(np.float32(hi), 2.0**92, 2.0**-100)) and np.isfinite(np.float32(hi * 2.0**-8))
+    # a zero partial stays zero for every pair of scales (part * (sa * sb) would give 0 * inf = NaN)
+    every_sa = np.ldexp(np.float32(1), np.arange(255) - 127)[None, :, None]
+    assert not np.any(_scale_step(np.zeros((1, 255, 1), np.float32), every_sa, sb))
+
+
+def test_scale_step_is_exact_for_nvfp4_without_global_scale():
+    # widened NVFP4: a partial is a sum of 16 E2M1 products, a multiple of 1/4 below 2^12 / 4
+    # (12 significant bits); times an E4M3 scale (4 bits) it is exact in fp32, so is the FMUL
+    if not _fp32_is_ieee():
+        pytest.skip("fp32 subnormals are flushed in this process")
+    e4 = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    scales = e4[np.isfinite(e4) & (e4 > 0)]
+    part = np.arange(1, 16 * 36 * 4 + 1) / 4.0  # up to 16 * 6 * 6
+    x = part.astype(np.float32)[:, None] * scales.astype(np.float32)[None, :]
+    np.testing.assert_array_equal(x.astype(np.float64), part[:, None] * scales[None, :])

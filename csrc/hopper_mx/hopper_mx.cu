@@ -7,6 +7,7 @@
 
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "csrc/common/cuda_check.h"
 #include "csrc/hopper_mx/hopper_mx.h"
@@ -24,8 +25,7 @@ Status TensorMapEncoder(PFN_cuTensorMapEncodeTiled_v12000* out) {
   static std::once_flag once;
   std::call_once(once, [] {
     void* p = nullptr;
-    err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
-                                           &found);
+    err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found);
     fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
   });
   GPUEXT_CUDA_RETURN_IF_ERROR(err);
@@ -56,6 +56,35 @@ Status Encode3d(CUtensorMap* map, CUtensorMapDataType type, int elem_bytes, cons
   return Status::Ok();
 }
 
+// Once per (instantiation, device): above 48 KB a kernel must opt in to dynamic shared memory.
+// The attribute belongs to the function on the current device and persists, so repeating it on
+// every call only cost host time. Setting it also resolves, hence loads, the kernel (CUDA loads
+// modules lazily by default). The statics are per instantiation (one per template argument
+// list); a mutex rather than std::call_once because the device is known only at run time and a
+// failure must not be remembered (the next call retries).
+template <int kConsumers, int kBlockN, int kStages, Fp8 kA, Fp8 kB>
+Status SetUpOnce() {
+  static std::mutex mu;
+  static std::vector<bool> done;  // indexed by device ordinal
+  int device = 0;
+  GPUEXT_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mu);
+  if (device < static_cast<int>(done.size()) && done[device]) return Status::Ok();
+  GPUEXT_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(HopperMxKernel<kConsumers, kBlockN, kStages, kA, kB>,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   SmemLayout<kConsumers, kBlockN, kStages>::kBytes));
+  if (device >= static_cast<int>(done.size())) done.resize(device + 1, false);
+  done[device] = true;
+  return Status::Ok();
+}
+
+// Launch reads the runtime's last error right after the launch to catch launch-configuration
+// errors. A non-sticky error that other code in this process left pending (and never read) would
+// then be reported as this launch's failure; it is not ours to report or to fail on, so it is
+// discarded first. A sticky error (a faulted context) cannot be cleared: it surfaces at the
+// post-launch check, whose message says "at or before the launch".
+void DiscardStaleError() { cudaGetLastError(); }
+
 template <int kConsumers, int kBlockN, int kStages, Fp8 kA, Fp8 kB>
 Status LaunchConfig(const Problem& p, cudaStream_t stream) {
   using L = SmemLayout<kConsumers, kBlockN, kStages>;
@@ -73,11 +102,7 @@ Status LaunchConfig(const Problem& p, cudaStream_t stream) {
                                   PaddedScaleDim(p.n), k_blocks, p.batch, kBlockN, kScalesPerTile,
                                   CU_TENSOR_MAP_SWIZZLE_NONE));
 
-  auto kernel = HopperMxKernel<kConsumers, kBlockN, kStages, kA, kB>;
-  // Above 48 KB a kernel must opt in to dynamic shared memory (per function, per device;
-  // not a stream operation, so it is also legal while XLA captures a command buffer).
-  GPUEXT_CUDA_RETURN_IF_ERROR(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes));
+  GPUEXT_RETURN_IF_ERROR((SetUpOnce<kConsumers, kBlockN, kStages, kA, kB>()));
 
   KernelArgs args;
   args.out = p.out;
@@ -87,9 +112,11 @@ Status LaunchConfig(const Problem& p, cudaStream_t stream) {
   args.out_type = static_cast<int>(p.out_type);
   args.out_batch_stride = p.m * p.n;
   const int64_t tiles = ((p.m + kBlockM - 1) / kBlockM) * ((p.n + kBlockN - 1) / kBlockN);
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.batch));
-  kernel<<<grid, 128 * (kConsumers + 1), L::kBytes, stream>>>(map_a, map_b, map_sa, map_sb, args);
-  GPUEXT_CUDA_RETURN_IF_ERROR(cudaGetLastError());  // launch-configuration errors
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.batch));  // Validate: fits
+  DiscardStaleError();
+  HopperMxKernel<kConsumers, kBlockN, kStages, kA, kB>
+      <<<grid, 128 * (kConsumers + 1), L::kBytes, stream>>>(map_a, map_b, map_sa, map_sb, args);
+  GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("HopperMxKernel");
   return Status::Ok();
 }
 
@@ -104,9 +131,29 @@ Status LaunchTyped(const Problem& p, TileConfig config, cudaStream_t stream) {
   return Status::Error("unknown tile config " + std::to_string(static_cast<int>(config)));
 }
 
+template <Fp8 kA, Fp8 kB>
+Status SetUpTyped(TileConfig config) {
+  switch (config) {
+    case TileConfig::kM128N128: return SetUpOnce<2, 128, 5, kA, kB>();
+    case TileConfig::kM64N128: return SetUpOnce<1, 128, 7, kA, kB>();
+    case TileConfig::kM128N64: return SetUpOnce<2, 64, 6, kA, kB>();
+  }
+  return Status::Error("unknown tile config " + std::to_string(static_cast<int>(config)));
+}
+
 }  // namespace
 
 bool Available() { return true; }
+
+Status Prepare(TileConfig config) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;  // only looked up (once) here
+  GPUEXT_RETURN_IF_ERROR(TensorMapEncoder(&encode));
+  GPUEXT_RETURN_IF_ERROR((SetUpTyped<Fp8::kE4M3, Fp8::kE4M3>(config)));
+  GPUEXT_RETURN_IF_ERROR((SetUpTyped<Fp8::kE4M3, Fp8::kE5M2>(config)));
+  GPUEXT_RETURN_IF_ERROR((SetUpTyped<Fp8::kE5M2, Fp8::kE4M3>(config)));
+  GPUEXT_RETURN_IF_ERROR((SetUpTyped<Fp8::kE5M2, Fp8::kE5M2>(config)));
+  return Status::Ok();
+}
 
 Status Launch(const Problem& p, TileConfig config, cudaStream_t stream) {
   GPUEXT_RETURN_IF_ERROR(Validate(p));

@@ -42,12 +42,21 @@ struct Problem {
 inline int64_t PaddedScaleDim(int64_t rows) { return (rows + 3) / 4 * 4; }
 
 // Checks the problem against the kernel's requirements (TMA: 16-byte aligned addresses and
-// strides; limits of the grid). The same rules are in jax_gpuext/hopper_mx.py's supports().
+// strides; aligned output pairs; limits of the grid). The size rules are also in
+// jax_gpuext/hopper_mx.py's supports().
 Status Validate(const Problem& p);
 
 // Launches on `stream`. Allocates nothing and never synchronises. Returns an error when the
-// extension was built without sm_90a (then Available() is false too).
+// extension was built without sm_90a (then Available() is false too), and refuses to launch
+// when a CUDA runtime error from earlier work is pending (it would be misattributed).
 Status Launch(const Problem& p, TileConfig config, cudaStream_t stream);
+
+// The one-time work of the first Launch of `config` (any element types) on the current device:
+// the kernels' shared-memory opt-in, which also loads them, and the lookup of the driver's
+// tensor-map encoder. Launch does it on first use anyway; calling this earlier keeps that work
+// out of a CUDA graph capture (the FFI handler calls it from XLA's initialize stage). Cheap once
+// done; thread-safe.
+Status Prepare(TileConfig config);
 
 // True when the sm_90a kernel was compiled into this module.
 bool Available();

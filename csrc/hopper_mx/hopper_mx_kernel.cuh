@@ -7,12 +7,14 @@
 //   warpgroups 1..kConsumers: each owns 64 rows of the tile. Per K tile and per 32-long scale
 //     block j it runs one m64nNk32 wgmma into a scratch accumulator `part` (scale-d = 0, so
 //     part = A_j B_j^T), waits for it, and folds it into `acc` with the two scales:
-//         acc[r][c] += (part[r][c] * sa[j][r]) * sb[j][c]
-//     (multiplying by sa first keeps a zero partial zero even when sa*sb would overflow fp32).
+//         acc[r][c] += (part[r][c] * sa[j][r]) * sb[j][c]       (FMUL, then FFMA)
+//     (exactness of this step and its limits: see the comment at the promotion below).
 //     Then each warp releases the stage on its `empty` barrier.
-// While one consumer warpgroup promotes, the other's wgmma keeps the tensor cores busy; the
-// promotion costs 2 FP32 instructions per accumulator per k32 step, twice the tensor-core time
-// of that step, so this design is bounded near half the FP8 peak (benchmarks/notes/hopper_mx.md).
+// While one consumer warpgroup promotes, the other's wgmma keeps the tensor cores busy. The
+// promotion is 2 FP32 instructions per accumulator per k32 step; with the scale loads, wgmma
+// descriptors and barriers a consumer warp issues ~183 instructions per k32 step (m128n128
+// config, counted in the SASS), so issue slots, not tensor cores, bound this design at ~35 % of
+// the FP8 peak (benchmarks/notes/hopper_mx.md has the counts and the model).
 //
 // Edges: rows/columns past M/N and K past the end are zero-filled by TMA (scales too, so those
 // blocks add 0); the epilogue stores only in-range elements. Deterministic: fixed K order, no
@@ -115,7 +117,10 @@ __global__ void __launch_bounds__(128 * (kConsumers + 1), 1)
   constexpr int kAccRegs = kBlockN / 2;  // m64nN f32 accumulator: N/2 registers per thread
 
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  // Align up by offsetting smem_raw itself, computed from its shared-window address: the compiler
+  // then still knows `smem` is shared memory and emits LDS for the scale reads. (Rounding the
+  // pointer through uintptr_t made it generic: 64-bit LD.E plus address arithmetic per read.)
+  uint8_t* smem = smem_raw + ((1024u - (SmemAddr(smem_raw) & 1023u)) & 1023u);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBars);
   uint64_t* empty = full + kStages;
 
@@ -134,6 +139,11 @@ __global__ void __launch_bounds__(128 * (kConsumers + 1), 1)
 
   const int warpgroup = threadIdx.x / 128;
   if (threadIdx.x == 0) {
+    // The producer's first TMAs need the maps; fetch them while the barriers are set up.
+    PrefetchTensorMap(&map_a);
+    PrefetchTensorMap(&map_b);
+    PrefetchTensorMap(&map_sa);
+    PrefetchTensorMap(&map_sb);
     for (int s = 0; s < kStages; ++s) {
       MbarInit(&full[s], 1);                    // the producer's arrive.expect_tx
       MbarInit(&empty[s], 4 * kConsumers);     // one arrival per consumer warp
@@ -193,6 +203,20 @@ __global__ void __launch_bounds__(128 * (kConsumers + 1), 1)
 #pragma unroll
         for (int i = 0; i < kAccRegs; ++i) FenceRegister(part[i]);
 
+        // Scale step, 2 instructions per accumulator: x = part * sa (FMUL), acc = fma(x, sb, acc).
+        // The FFMA rounds x * sb + acc once, with no range limit on sb, so the term is added
+        // exactly (one rounding, as in a float64 reference rounded to fp32) whenever x is exact,
+        // i.e. part * sa is zero or a normal fp32. A nonzero partial of 32 FP8 products has
+        // 2^-32 <= |part| < 2^37 (E5M2 x E5M2 extremes), hence for MX (power-of-two scales) the
+        // step is exact for every partial and every sb when 2^-94 <= sa <= 2^91 (E8M0 codes
+        // 33..218). Outside that, part * sa can overflow to inf or lose bits as an fp32 subnormal
+        // although the full term part * sa * sb is representable: only when sa and sb are extreme
+        // in opposite directions (e.g. sa = 2^127, sb = 2^-127). Alternatives cost more or are
+        // worse: fma(part, sa * sb, acc) turns a zero partial into NaN once sa * sb overflows, and
+        // ldexp-style exponent arithmetic adds integer work per accumulator in this, the hot loop.
+        // NVFP4 (E4M3 scales, E2M1 partials) is exact too unless a global scale was folded into
+        // the scales (24-bit mantissas): then part * sa rounds once more (<= 2^-24 relative).
+        // tests/test_hopper_mx.py checks these bounds on a CPU model of the two instructions.
         const float sa0 = sa[j * kBlockM + row0];
         const float sa1 = sa[j * kBlockM + row0 + 8];
         const float2* sb2 = reinterpret_cast<const float2*>(sb + j * kBlockN) + quad;

@@ -67,6 +67,14 @@ __device__ __forceinline__ void TmaLoad3d(void* dst, const CUtensorMap* map, uin
       : "memory");
 }
 
+// Pulls a tensor map into the descriptor cache ahead of its first TMA (PTX ISA "prefetch,
+// prefetchu": prefetch.tensormap; no state space = generic addressing, which a
+// __grid_constant__ parameter's address is). Without it the first TMA of each CTA and map waits
+// for the 128-byte descriptor to be fetched.
+__device__ __forceinline__ void PrefetchTensorMap(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
 // ---- wgmma bookkeeping (9.7.15.6) ------------------------------------------------------
 // fence: orders our register writes to the accumulators before the next wgmma reads them.
 __device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }

@@ -31,12 +31,6 @@ inline ffi::DataType ScaleTypeOf(int32_t format) {
   return format == kNvfp4 ? ffi::DataType::F8E4M3FN : ffi::DataType::F32;
 }
 
-inline std::string DimsString(ffi::Span<const int64_t> dims) {
-  std::string s = "[";
-  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
-  return s + "]";
-}
-
 // Geometry of `dims` (the shape of the float array, named `dims_name`) quantized along `axis`
 // (negative) in `format`; checks the element buffer (dtype, shape; FP4 packing is the
 // fp4_packed attribute), the scale buffer and the global scale.

@@ -39,6 +39,13 @@ inline const char* DataTypeName(ffi::DataType t) {
   }
 }
 
+// "[2, 3, 4]": shapes in error messages.
+inline std::string DimsString(ffi::Span<const int64_t> dims) {
+  std::string s = "[";
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + "]";
+}
+
 inline int64_t ElementCount(ffi::Span<const int64_t> dims) {
   int64_t n = 1;
   for (int64_t d : dims) n *= d;

@@ -2,7 +2,8 @@
 //
 // Operands: lhs (B, M, K | K/2 packed FP4), lhs scales, rhs (B, N, ...), rhs scales, and
 // alpha_beta = {gs_l * gs_r, 0} (float32, device; read only for NVFP4, whose alpha is not 1).
-// Results: out (B, M, N) and a workspace sized at trace time (plus 256 bytes of alignment slack). Attributes: k (logical), lhs/rhs_type (0 E4M3, 1 E5M2, 2 packed E2M1),
+// Results: out (B, M, N) and a workspace sized at trace time (plus 256 bytes of alignment
+// slack). Attributes: k (logical), lhs/rhs_type (0 E4M3, 1 E5M2, 2 packed E2M1),
 // lhs/rhs_scale_mode (cublasLtMatmulMatrixScale_t). libcublasLt comes from the path Python set
 // (ffi/common/library_paths.h).
 //
