@@ -45,5 +45,8 @@ NB_MODULE(_nvshmem, m) {
   m.def("my_pe", &ar::MyPe);
   m.def("n_pes", &ar::NPes);
   m.def("workspace_bytes", &ar::WorkspaceBytes);
-  m.def("check_status", []() { ThrowIfError(ar::CheckStatus(nullptr)); });
+  // Waits for all work on the device (CheckStatus(nullptr)) without the GIL: a running
+  // program's host callbacks may need it to finish.
+  m.def("check_status", []() { ThrowIfError(ar::CheckStatus(nullptr)); },
+        nb::call_guard<nb::gil_scoped_release>());
 }

@@ -4,8 +4,10 @@ One GPU per process. Rank 0 creates NVSHMEM's 128-byte unique id, the others rea
 JAX's distributed key-value store, and every process then calls
 ``nvshmemx_set_attr_uniqueid_args`` + ``nvshmemx_init_attr(NVSHMEMX_INIT_WITH_UNIQUEID)``
 (in ``jax_gpuext._nvshmem``). ``nvshmemx_hostlib_init_attr`` runs first because the inline
-``nvshmemx_init_attr`` calls ``exit(-1)`` on failure (REFERENCE section 5): a failure here is
-a Python exception, never a dead interpreter.
+``nvshmemx_init_attr`` calls ``exit(-1)`` on failure (REFERENCE section 5), and
+``nvshmemx_init_status()`` is checked after it, because NVSHMEM reports a failed setup
+(transports, heap, MPS) or limited multi-process-per-GPU support only there: both are a Python
+exception here, not a later ``exit(-1)`` inside NVSHMEM.
 
 ``jax_gpuext._nvshmem`` is a module of its own, linked against ``libnvshmem_host.so.3`` and
 imported only from here, so ``import jax_gpuext`` works without NVSHMEM.
@@ -29,12 +31,14 @@ logger = logging.getLogger("jax_gpuext")
 
 WORKSPACE_ENV = "JAX_GPUEXT_ALLREDUCE_WORKSPACE_BYTES"
 DEFAULT_GPU_WORKSPACE_BYTES = 32 << 20  # per PE; messages above it run in chunks
+# (nvshmem_library stages through a second symmetric region of the same size)
 UID_KEY = "jax_gpuext/nvshmem_uniqueid"
 UID_TIMEOUT_MS = 120_000
 
 # nvshmemx_init_status_t (device_host_transport/nvshmem_constants.h)
 STATUS_NAMES = {0: "not initialized", 1: "bootstrapped", 2: "initialized", 3: "limited MPG", 4: "full MPG"}
 IS_INITIALIZED = 2
+FULL_MPG = 4  # several PEs per GPU under CUDA MPS, all of NVSHMEM's API available
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +47,11 @@ class NvshmemInfo:
     n_pes: int
     workspace_bytes: int
     external: bool  # another library in this process had initialized NVSHMEM first
-    status: str
+    init_status: int  # nvshmemx_init_status(): IS_INITIALIZED, or FULL_MPG when PEs share a GPU
+
+    @property
+    def status(self) -> str:
+        return STATUS_NAMES.get(self.init_status, "?")
 
 
 _lock = threading.RLock()
@@ -137,7 +145,7 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
         mod.allocate_workspace(ws)  # collective nvshmem_malloc: every PE must call it
         for name, handler in mod.registrations().items():
             jax.ffi.register_ffi_target(name, handler, platform="CUDA")
-        _info = NvshmemInfo(mod.my_pe(), mod.n_pes(), ws, external, STATUS_NAMES.get(mod.init_status(), "?"))
+        _info = NvshmemInfo(mod.my_pe(), mod.n_pes(), ws, external, mod.init_status())
         if _info.n_pes != n:
             raise RuntimeError(f"NVSHMEM has {_info.n_pes} PEs but jax.distributed has {n} processes")
         atexit.register(shutdown)
@@ -161,8 +169,9 @@ def ensure_initialized() -> NvshmemInfo:
 def check_status() -> None:
     """Raises RuntimeError naming the missing PEs if an all_reduce timed out.
 
-    Needed with ``JAX_GPUEXT_ALLREDUCE_GRAPH_SAFE=1`` (the command-buffer compatible target
-    does not check per call); a no-op before initialization.
+    Waits for all work queued on this process's GPU first, so it sees every call dispatched
+    before it. Needed with ``JAX_GPUEXT_ALLREDUCE_GRAPH_SAFE=1`` (the command-buffer compatible
+    target does not check per call); a no-op before initialization.
     """
     if _info is None:
         return

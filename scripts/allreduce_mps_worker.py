@@ -1,9 +1,9 @@
 """One rank of the GPU all_reduce check (started by scripts/run_allreduce_mps.sh).
 
-Modes: plain (every dtype x op x algorithm x size vs NumPy), command_buffer (the same under
-XLA command buffers with the graph-safe target), timeout (rank 1 skips a call: the others must
-fail within the timeout naming PE 1), bench (benchmarks/bench_allreduce.py's measurement).
-Prints "RANK OK" on success.
+Modes: plain (every dtype x op x algorithm x size vs NumPy, one compiled program per dtype x op),
+command_buffer (the same under XLA command buffers with the graph-safe target), timeout (rank 1
+skips a call: the others must fail within the timeout naming exactly PE 1), bench
+(benchmarks/bench_allreduce.py's measurement). Prints "RANK OK" on success.
 """
 
 from __future__ import annotations
@@ -11,6 +11,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+
+DTYPES = ("float32", "bfloat16", "float16", "float64", "int8", "uint8", "int32", "uint32", "int64", "uint64",
+          "bool", "float8_e4m3fn", "float8_e5m2")
+SIZES = (0, 1, 37, 1000, (3 << 20) // 4)  # the last is larger than the 1 MiB workspace
+KERNELS = ("one_shot", "two_shot")
+NO_LIBRARY = ("bool", "float8_e4m3fn", "float8_e5m2")  # nvshmemx_*_reduce_on_stream has no such type
+# (13 dtypes x 3 algorithms - the 3 dtypes without nvshmem_library) x 4 ops x 5 sizes
+EXPECTED_CASES = 720
+TIMEOUT_TEST_S = 5.0
 
 
 def main() -> int:
@@ -26,28 +35,45 @@ def main() -> int:
         os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_gpu_graph_min_graph_size=1"
     import jax
 
-    jax.distributed.initialize(f"localhost:{args.port}", args.nproc, args.rank)
-    import jax_gpuext
+    # Every rank drives the one GPU: no auto-detected cluster environment may assign another.
+    jax.distributed.initialize(f"localhost:{args.port}", args.nproc, args.rank, local_device_ids=[0])
+    from jax_gpuext import distributed
 
-    jax_gpuext.distributed.initialize(workspace_bytes=1 << 20)
-    if args.mode == "bench":
-        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-        import bench_allreduce
+    try:
+        info = distributed.initialize(workspace_bytes=1 << 20)
+        print(f"rank {args.rank}: NVSHMEM PE {info.my_pe} of {info.n_pes}, {info.status}", flush=True)
+        assert info.init_status == distributed.FULL_MPG, f"NVSHMEM is {info.status!r}, not full MPG: is MPS running?"
+        if args.mode == "bench":
+            sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+            import bench_allreduce
 
-        return bench_allreduce.run_rank(args.out, rest)
-    run = {"plain": check_all, "command_buffer": check_all, "timeout": check_timeout}[args.mode]
-    run(args.rank, args.nproc)
+            return bench_allreduce.run_rank(args.out, rest)
+        run = {"plain": check_all, "command_buffer": check_all, "timeout": check_timeout}[args.mode]
+        run(args.rank, args.nproc)
+    except BaseException:
+        # The collective teardown at exit would wait for peers that may be gone or stuck.
+        os.environ["JAX_GPUEXT_NVSHMEM_FINALIZE"] = "0"
+        raise
     print("RANK OK", args.rank, flush=True)
     return 0
 
 
-def _check_captured(f, x, algorithm: str) -> None:
-    """Command-buffer mode: the graph-safe all-reduce must sit inside an XLA command buffer."""
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-    from _hlo import custom_calls_in_command_buffers
+def _shard_jit(body, mesh, n_in: int, n_out: int):
+    import jax
+    from jax.sharding import PartitionSpec as P
 
-    captured = custom_calls_in_command_buffers(f.lower(x).compile().as_text())
-    assert "gpuext_all_reduce_graph" in captured, f"{algorithm}: not in a command buffer ({captured})"
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("i"),) * n_in, out_specs=(P("i"),) * n_out,
+                                 check_vma=False))
+
+
+def _compile_and_meet(f, args, barrier: str):
+    """Compiles, then waits for every rank: the kernels' deadlines then time the peers' calls,
+    not how much longer their compilation took."""
+    from jax_gpuext import distributed
+
+    compiled = f.lower(*args).compile()
+    distributed._jax_distributed_client().wait_at_barrier(barrier, 300_000)
+    return compiled
 
 
 def _global(x_local, mesh):
@@ -57,37 +83,68 @@ def _global(x_local, mesh):
     return jax.make_array_from_process_local_data(NamedSharding(mesh, P("i")), x_local)
 
 
-def check_all(rank: int, n: int) -> None:
-    import jax
-    import numpy as np
-    from jax.sharding import PartitionSpec as P
+def _check_captured(mesh, x) -> None:
+    """Command-buffer mode: each algorithm's graph-safe all-reduce must sit inside an XLA command buffer."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+    from _hlo import custom_calls_in_command_buffers
 
     import jax_gpuext
 
+    for algorithm in KERNELS + ("nvshmem_library",):
+        f = _shard_jit(lambda v: (jax_gpuext.all_reduce(v, "i", algorithm=algorithm),), mesh, 1, 1)
+        captured = custom_calls_in_command_buffers(f.lower(x).compile().as_text())
+        assert "gpuext_all_reduce_graph" in captured, f"{algorithm}: not in a command buffer ({captured})"
+
+
+def _library_takes(dtype: str, op: str, mesh, x) -> bool:
+    """Whether nvshmem_library runs (dtype, op); only its refusal of NO_LIBRARY is expected."""
+    import jax
+
+    import jax_gpuext
+
+    try:  # the backend is chosen at trace time
+        jax.eval_shape(_shard_jit(lambda v: (jax_gpuext.all_reduce(v, "i", op=op, algorithm="nvshmem_library"),),
+                                  mesh, 1, 1), x)
+    except jax_gpuext.UnsupportedError:
+        if dtype in NO_LIBRARY:
+            return False
+        raise
+    return True
+
+
+def check_all(rank: int, n: int) -> None:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jax_gpuext
+
+    jax.config.update("jax_enable_x64", True)  # else float64/int64/uint64 arrays are silently 32-bit
     mesh = jax.make_mesh((n,), ("i",))
-    graph_safe = os.environ.get("JAX_GPUEXT_ALLREDUCE_GRAPH_SAFE", "0") not in ("", "0")
-    dtypes = ["float32", "bfloat16", "float16", "float64", "int8", "uint8", "int32", "uint32", "int64", "uint64",
-              "bool", "float8_e4m3fn", "float8_e5m2"]
-    sizes = [0, 1, 37, 1000, (3 << 20) // 4]  # the last is larger than the 1 MiB workspace
-    for dtype in dtypes:
-        ops = ("and", "or", "max", "min") if dtype == "bool" else ("sum", "max", "min", "prod")
-        for op in ops:
-            for algorithm in ("one_shot", "two_shot", "nvshmem_library"):
-                for size in sizes:
-                    data = [_data(dtype, op, size, r) for r in range(n)]  # every rank builds all: the NumPy reference
-                    f = jax.jit(jax.shard_map(lambda v: jax_gpuext.all_reduce(v, "i", op=op, algorithm=algorithm),
-                                              mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_vma=False))
-                    try:
-                        out = f(_global(data[rank], mesh))
-                    except jax_gpuext.UnsupportedError:
-                        continue  # nvshmem_library lacks float8/bool
-                    if graph_safe and (dtype, op, size) == ("float32", "sum", 1000):
-                        _check_captured(f, _global(data[rank], mesh), algorithm)
-                    got = np.asarray(out.addressable_shards[0].data)
-                    want = _numpy_reduce(data, op, dtype)
+    if os.environ.get("JAX_GPUEXT_ALLREDUCE_GRAPH_SAFE", "0") not in ("", "0"):
+        _check_captured(mesh, _global(np.ones(1000, np.float32), mesh))
+    ran = 0
+    for dtype in DTYPES:
+        for op in ("and", "or", "max", "min") if dtype == "bool" else ("sum", "max", "min", "prod"):
+            data = [[_data(dtype, op, size, r) for r in range(n)] for size in SIZES]  # all ranks': the reference
+            xs = [_global(d[rank], mesh) for d in data]
+            assert all(x.dtype == jnp.dtype(dtype) for x in xs), f"{dtype} became {xs[0].dtype}"
+            algorithms = KERNELS + (("nvshmem_library",) if _library_takes(dtype, op, mesh, xs[0]) else ())
+
+            def body(*locals_, op=op, algorithms=algorithms):
+                return tuple(jax_gpuext.all_reduce(x, "i", op=op, algorithm=a) for x in locals_ for a in algorithms)
+
+            f = _shard_jit(body, mesh, len(xs), len(xs) * len(algorithms))
+            outs = _compile_and_meet(f, xs, f"gpuext_all_reduce/{dtype}/{op}")(*xs)
+            for k, size in enumerate(SIZES):
+                want = _numpy_reduce(data[k], op, dtype)
+                for j, algorithm in enumerate(algorithms):
+                    got = np.asarray(outs[k * len(algorithms) + j].addressable_shards[0].data)
                     np.testing.assert_array_equal(got.astype(np.float64) if dtype != "bool" else got,
                                                   want.astype(np.float64) if dtype != "bool" else want,
                                                   err_msg=f"{algorithm} {dtype} {op} {size}")
+                    ran += 1
+    assert ran == EXPECTED_CASES, f"{ran} cases ran, expected {EXPECTED_CASES}"
     jax_gpuext.distributed.check_status()
 
 
@@ -118,30 +175,36 @@ def _numpy_reduce(data, op, dtype):
 
 
 def check_timeout(rank: int, n: int) -> None:
+    import re
     import time
 
     import jax
-    import jax.numpy as jnp
+    import numpy as np
     from jax import lax
-    from jax.sharding import PartitionSpec as P
 
     import jax_gpuext
 
     mesh = jax.make_mesh((n,), ("i",))
-    f = jax.jit(jax.shard_map(
-        lambda v: lax.cond(lax.axis_index("i") == 1, lambda u: u,
-                           lambda u: jax_gpuext.all_reduce(u, "i", algorithm="one_shot", timeout_s=1.0), v),
-        mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_vma=False))
+    f = _shard_jit(lambda v: (lax.cond(lax.axis_index("i") == 1, lambda u: u,
+                                       lambda u: jax_gpuext.all_reduce(u, "i", algorithm="one_shot",
+                                                                       timeout_s=TIMEOUT_TEST_S), v),),
+                   mesh, 1, 1)
+    x = _global(np.ones(16, np.float32), mesh)
+    compiled = _compile_and_meet(f, [x], "gpuext_all_reduce/timeout")
     t0 = time.perf_counter()
     try:
-        jax.block_until_ready(f(_global(jnp.ones((16,)), mesh)))
+        jax.block_until_ready(compiled(x))
         failed = None
     except Exception as e:  # noqa: BLE001
         failed = str(e)
+    elapsed = time.perf_counter() - t0
     if rank == 1:
-        return  # the one that skipped: fine
-    assert failed is not None and "PEs [1]" in failed, f"rank {rank}: expected a timeout naming PE 1, got {failed!r}"
-    assert time.perf_counter() - t0 < 30
+        assert failed is None, f"rank 1 skipped the call, yet: {failed}"
+        return
+    m = re.search(r"PEs \[([0-9, ]*)\] of \d+ did not arrive", failed or "")
+    named = {int(p) for p in m.group(1).split(",") if p.strip()} if m else None
+    assert named == {1}, f"rank {rank}: expected a timeout naming exactly PE 1, got {failed!r}"
+    assert elapsed < TIMEOUT_TEST_S + 25, f"rank {rank}: the timeout took {elapsed:.1f} s"
 
 
 if __name__ == "__main__":

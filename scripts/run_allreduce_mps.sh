@@ -3,24 +3,59 @@
 # MPS daemon that this script starts and stops (several NVSHMEM PEs on one GPU work fully only
 # under MPS, with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE summing to <= 100: REFERENCE section 5).
 #   usage: run_allreduce_mps.sh NPROC MODE     MODE: plain | command_buffer | timeout | bench [args]
+# Never hangs: every rank runs under `timeout` (WORKER_TIMEOUT_S, default 540 s) in a process
+# group of its own, and the first rank to fail ends the run: the others would wait for it in
+# NVSHMEM until their own timeouts. On any exit, SIGTERM and SIGINT included, the ranks' groups
+# are killed and the MPS daemon is stopped.
 set -euo pipefail
 NPROC=${1:?nproc}; MODE=${2:?mode}; shift 2
 PY=${PYTHON:-python3}
 HERE=$(cd "$(dirname "$0")" && pwd)
+WORKER_TIMEOUT_S=${WORKER_TIMEOUT_S:-540}
 TMP=$(mktemp -d)
 export CUDA_MPS_PIPE_DIRECTORY=$TMP/pipe CUDA_MPS_LOG_DIRECTORY=$TMP/log
-mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY" "$TMP/nvshmem"
+
+pids=()  # one per rank; each is its process group's id (setsid below)
+cleanup() {
+  local rc=$?
+  for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null || true; done
+  wait
+  # NVSHMEM's init log, bounded: whether full MPG support was found; every log's tail on failure.
+  grep -h "MPG" "$TMP"/nvshmem/* 2>/dev/null | head -n "$((2 * NPROC))" >&2 || true
+  if ((rc != 0)); then
+    for f in "$TMP"/nvshmem/* "$CUDA_MPS_LOG_DIRECTORY"/*; do
+      if [[ -f $f ]]; then echo "== ${f#"$TMP"/} (last 30 lines)"; tail -n 30 "$f"; fi >&2
+    done
+  fi
+  echo quit | timeout 30 nvidia-cuda-mps-control >/dev/null 2>&1 || true
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
 nvidia-cuda-mps-control -d
-stop_mps() { echo quit | nvidia-cuda-mps-control || true; rm -rf "$TMP"; }
-trap stop_mps EXIT
+
 export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$((100 / NPROC))
 export XLA_PYTHON_CLIENT_PREALLOCATE=false NVSHMEM_DISABLE_NCCL=1 NVSHMEM_REMOTE_TRANSPORT=none
+# Every rank is on this host: NVSHMEM's unique-id bootstrap would prefer a non-loopback interface.
+export NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME=lo
+# NVSHMEM's INFO log says whether full MPG support is available; one file per rank (%p: pid),
+# summarized by cleanup so the output stays bounded.
+export NVSHMEM_DEBUG=${NVSHMEM_DEBUG:-INFO} NVSHMEM_DEBUG_FILE=$TMP/nvshmem/%h.%p.log
+# Every all_reduce wait's deadline (the timeout mode passes its own). The worker meets its peers
+# at a barrier before running each compiled program, so this bounds a real hang, not compile skew.
+export JAX_GPUEXT_ALLREDUCE_TIMEOUT_S=${JAX_GPUEXT_ALLREDUCE_TIMEOUT_S:-60}
 PORT=$((20000 + RANDOM % 20000))
-pids=()
 for ((r = 0; r < NPROC; r++)); do
-  "$PY" "$HERE/allreduce_mps_worker.py" --rank "$r" --nproc "$NPROC" --port "$PORT" --mode "$MODE" "$@" &
+  # setsid: the rank leads a new process group (its pid), so one kill reaches all it started.
+  # timeout: SIGTERM after WORKER_TIMEOUT_S, SIGKILL 10 s later.
+  setsid timeout -k 10 "$WORKER_TIMEOUT_S" \
+    "$PY" "$HERE/allreduce_mps_worker.py" --rank "$r" --nproc "$NPROC" --port "$PORT" --mode "$MODE" "$@" &
   pids+=($!)
 done
 rc=0
-for p in "${pids[@]}"; do wait "$p" || rc=1; done
+for ((r = 0; r < NPROC; r++)); do
+  wait -n || { rc=$?; echo "a rank exited with status $rc: stopping the others" >&2; break; }
+done
 exit $rc

@@ -9,13 +9,16 @@ under CUDA MPS and checks against NumPy.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import time
 
 import jax
+import jax.experimental
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -34,6 +37,11 @@ KERNELS = ("one_shot", "two_shot")
 DTYPES = ("float32", "bfloat16", "float16", "float64", "int8", "uint8", "int32", "uint32", "int64",
           "uint64", "bool", "float8_e4m3fn", "float8_e5m2")
 OPS_BY_KIND = {"bool": ("and", "or", "max", "min"), "number": ("sum", "max", "min", "prod")}
+
+
+# float64/int64/uint64 arrays are silently 32-bit unless x64 is on. A context manager scopes it
+# to one test (jax.enable_x64 on newer jax, jax.experimental.enable_x64 on jax 0.7).
+_enable_x64 = jax.enable_x64 if hasattr(jax, "enable_x64") else jax.experimental.enable_x64
 
 
 def _shard_map(f, mesh, in_specs, out_specs):
@@ -75,10 +83,18 @@ def _cases():
             yield pytest.param(dtype, op, id=f"{dtype}-{op}")
 
 
+@pytest.fixture
+def x64():
+    with _enable_x64(True):
+        yield
+
+
+@pytest.mark.usefixtures("x64")
 @pytest.mark.parametrize("dtype,op", list(_cases()))
 def test_matches_xla_collective(mesh, dtype, op):
     """Every algorithm x size in one jit per (dtype, op), against lax.psum/pmax/pmin."""
     xs = [jax.device_put(_data(dtype, op, s, seed=s), NamedSharding(mesh, P("i"))) for s in SIZES]
+    assert all(x.dtype == jnp.dtype(dtype) for x in xs), f"{dtype} arrays are {xs[0].dtype}"
 
     def body(*locals_):
         outs = []
@@ -229,10 +245,24 @@ def test_crossover_model():
 def test_gpu_processes_under_mps(nproc, mode):
     """scripts/run_allreduce_mps.sh starts an MPS daemon, runs nproc ranks, checks vs NumPy."""
     script = REPO / "scripts" / "run_allreduce_mps.sh"
-    r = subprocess.run(["bash", str(script), str(nproc), mode], capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "PYTHON": sys.executable})
-    assert r.returncode == 0, f"stdout:\n{r.stdout[-4000:]}\nstderr:\n{r.stderr[-4000:]}"
-    assert r.stdout.count("RANK OK") == nproc
+    # A session of its own, so a timeout can signal the script's whole process group: SIGTERM
+    # runs its trap, which kills every rank's process group and stops the MPS daemon.
+    p = subprocess.Popen(["bash", str(script), str(nproc), mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env={**os.environ, "PYTHON": sys.executable}, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGTERM)
+        try:
+            out, err = p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            out, err = p.communicate()
+        pytest.fail(f"run_allreduce_mps.sh timed out after 600 s\nstdout:\n{out[-4000:]}\nstderr:\n{err[-4000:]}")
+    assert p.returncode == 0, f"stdout:\n{out[-4000:]}\nstderr:\n{err[-4000:]}"
+    assert out.count("RANK OK") == nproc
 
 
 # --------------------------------------------------------------------------- memory spaces (issue 7)

@@ -32,22 +32,32 @@ __device__ __forceinline__ uint32_t LoadStatus(Control* ctl) {
   return *reinterpret_cast<volatile uint32_t*>(&ctl->status);
 }
 
+// Bit s for every PE s in [first, last) whose flags[s] is still below target.
+__device__ unsigned long long Missing(uint64_t* flags, int first, int last, uint64_t target) {
+  unsigned long long missing = 0;
+  for (int s = first; s < last; ++s)
+    if (nvshmem_signal_fetch(&flags[s]) < target) missing |= 1ull << s;
+  return missing;
+}
+
+__device__ void RecordMissing(Control* ctl, unsigned long long missing) {
+  atomicOr(&ctl->missing, missing);
+  atomicOr(&ctl->status, kPeersMissing);
+}
+
 // Thread 0 only: waits until flags[s] >= target for s in [first, last). On timeout records the
 // missing PEs in the sticky status word and returns false.
 __device__ bool WaitFlags(Control* ctl, uint64_t* flags, int first, int last, uint64_t target,
                           uint64_t deadline) {
   for (;;) {
-    unsigned long long missing = 0;
-    for (int s = first; s < last; ++s)
-      if (nvshmem_signal_fetch(&flags[s]) < target) missing |= 1ull << s;
+    const unsigned long long missing = Missing(flags, first, last, target);
     if (missing == 0) {
       __threadfence();  // the data that came with the signals is visible after this
       return true;
     }
     if (LoadStatus(ctl) != 0) return false;  // another block already gave up
     if (GlobalTimerNs() > deadline) {
-      atomicOr(&ctl->missing, missing);
-      atomicExch(&ctl->status, 1u);
+      RecordMissing(ctl, missing);
       return false;
     }
   }
@@ -61,8 +71,10 @@ __device__ bool BlockWait(Control* ctl, uint64_t* flags, int first, int last, ui
   return ok;
 }
 
-// Grid-wide step: all blocks of this (small, co-resident) grid passed `counter`.
-__device__ bool GridArrive(Control* ctl, uint32_t* counter, uint64_t deadline) {
+// Grid-wide step: all blocks of this (small, co-resident) grid passed `counter`. The blocks
+// it waits for were still waiting for the PEs whose `posted` (epoch e) is missing; with none
+// missing, they never ran: a timeout records whichever it was.
+__device__ bool GridArrive(Control* ctl, uint32_t* counter, int n, uint64_t e, uint64_t deadline) {
   __shared__ int ok;
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -70,8 +82,14 @@ __device__ bool GridArrive(Control* ctl, uint32_t* counter, uint64_t deadline) {
     atomicAdd(counter, 1u);
     ok = 1;
     while (*reinterpret_cast<volatile uint32_t*>(counter) < gridDim.x) {
-      if (LoadStatus(ctl) != 0 || GlobalTimerNs() > deadline) {
-        atomicExch(&ctl->status, 1u);
+      if (LoadStatus(ctl) != 0) {  // another block already gave up
+        ok = 0;
+        break;
+      }
+      if (GlobalTimerNs() > deadline) {
+        const unsigned long long missing = Missing(ctl->posted, 0, n, e);
+        if (missing != 0) RecordMissing(ctl, missing);
+        else atomicOr(&ctl->status, kGridStalled);
         ok = 0;
         break;
       }
@@ -92,6 +110,9 @@ __device__ void FinishEpoch(Control* ctl, uint32_t* counter, int n, uint64_t e) 
   }
   __syncthreads();
   if (!last || threadIdx.x != 0) return;
+  // Acquire: the other blocks' slot reads (released by their fence + atomicAdd) happen before
+  // the consumed signal lets a peer overwrite those slots.
+  __threadfence();
   const int me = nvshmem_my_pe();
   ctl->arrived[0] = ctl->arrived[1] = 0;
   for (int p = 0; p < n; ++p) nvshmemx_signal_op(&ctl->consumed[me], e, NVSHMEM_SIGNAL_SET, p);
@@ -161,7 +182,7 @@ __global__ void __launch_bounds__(kThreads) TwoShotKernel(KernelArgs a) {
   }
   if (!BlockWait(a.ctl, a.ctl->posted, 0, a.n, e, deadline)) return;
   ReduceSlots<T, Op>(out + a.me * a.slot, data, a.slot, a.n, seg_len(a.me));
-  if (!GridArrive(a.ctl, &a.ctl->arrived[0], deadline)) return;  // my segment is complete
+  if (!GridArrive(a.ctl, &a.ctl->arrived[0], a.n, e, deadline)) return;  // my segment is complete
   if (blockIdx.x < a.n) {  // all-gather: my reduced segment goes to slot n+me of PE p
     const int p = blockIdx.x;
     nvshmemx_putmem_signal_block(data + (a.n + a.me) * a.slot, out + a.me * a.slot, seg_len(a.me) * sizeof(S),
@@ -211,7 +232,7 @@ Status LaunchKernels(const NvshmemAllReduceArgs& args, Workspace& ws, cudaStream
 
 // ---------------------------------------------------------------------------- library
 // nvshmemx_<type>_<op>_reduce_on_stream over TEAM_WORLD; source and dest must be symmetric,
-// so chunks are staged through the workspace (first half in, second half out).
+// so chunks are staged through the workspace's library region (first half in, second half out).
 #define GPUEXT_NVSHMEM_ARITH(NAME, TYPE)                                                          \
   case ReduceOp::kSum: return nvshmemx_##NAME##_sum_reduce_on_stream(NVSHMEM_TEAM_WORLD, (TYPE*)d, (const TYPE*)s, n, st); \
   case ReduceOp::kMax: return nvshmemx_##NAME##_max_reduce_on_stream(NVSHMEM_TEAM_WORLD, (TYPE*)d, (const TYPE*)s, n, st); \
@@ -243,8 +264,8 @@ int LibraryReduce(DType t, ReduceOp op, void* d, const void* s, size_t n, cudaSt
 Status LaunchLibrary(const NvshmemAllReduceArgs& args, Workspace& ws, cudaStream_t stream) {
   const int w = ByteWidth(args.dtype);
   const int64_t chunk = ws.data_bytes / 2 / w;
-  unsigned char* src = ws.data;
-  unsigned char* dst = ws.data + chunk * w;
+  unsigned char* src = ws.library;
+  unsigned char* dst = ws.library + chunk * w;
   for (int64_t off = 0; off < args.count; off += chunk) {
     const int64_t len = std::min(chunk, args.count - off);
     GPUEXT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(src, static_cast<const unsigned char*>(args.in) + off * w, len * w,
@@ -262,12 +283,23 @@ Status LaunchLibrary(const NvshmemAllReduceArgs& args, Workspace& ws, cudaStream
 Status CheckStatus(cudaStream_t stream) {
   Workspace& ws = GlobalWorkspace();
   if (ws.ctl == nullptr) return Status::Error("NVSHMEM workspace not allocated (jax_gpuext.distributed.initialize)");
+  // XLA's streams do not synchronize with the legacy default stream: without a device-wide
+  // wait, an all_reduce still in flight could leave the word we read stale.
+  if (stream == nullptr) GPUEXT_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   GPUEXT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ws.host_ctl, ws.ctl, sizeof(Control), cudaMemcpyDeviceToHost, stream));
   GPUEXT_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  if (ws.host_ctl->status == 0) return Status::Ok();
-  return Status::Error("all_reduce timed out: PEs " + MissingList(ws.host_ctl->missing) + " of " +
-                       std::to_string(ws.n_pes) + " did not arrive (this is PE " + std::to_string(ws.my_pe) +
-                       ", epoch " + std::to_string(ws.host_ctl->epoch + 1) +
+  const Control& c = *ws.host_ctl;
+  if (c.status == 0) return Status::Ok();
+  std::string why;
+  if (c.status & kPeersMissing)
+    why = "PEs " + MissingList(c.missing) + " of " + std::to_string(ws.n_pes) + " did not arrive";
+  if (c.status & kGridStalled)
+    why += std::string(why.empty() ? "" : "; ") +
+           "every PE arrived, but not all blocks of this PE's two_shot kernel reached its grid-wide step: they "
+           "must run at the same time (too few SMs for this process, e.g. a small CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, "
+           "or other kernels occupying the GPU)";
+  return Status::Error("all_reduce timed out: " + why + " (this is PE " + std::to_string(ws.my_pe) + ", epoch " +
+                       std::to_string(c.epoch + 1) +
                        "). The NVSHMEM all-reduce state stays failed: restart the processes.");
 }
 

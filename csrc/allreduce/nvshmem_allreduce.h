@@ -22,12 +22,14 @@ int InitStatus();  // nvshmemx_init_status(): 0 not initialized .. 4 full MPG
 Status GetUniqueId(std::string* id);  // rank 0 only; 128 bytes
 // nvshmemx_hostlib_init_attr first (returns an error code), then nvshmemx_init_attr, which
 // also initializes the device state of our copy of libnvshmem_device and would exit(-1) on
-// failure: by then the host library is known to be up.
+// failure: by then the host library is known to be up. Both this and AttachToExisting refuse
+// an NVSHMEM that is not fully initialized or has only limited multi-process-per-GPU support.
 Status InitializeWithUniqueId(int rank, int nranks, const std::string& id, int device);
 Status AttachToExisting(int device);  // another library initialized NVSHMEM first
-Status AllocateWorkspace(int64_t data_bytes);  // collective; flags + data, zeroed
-void FreeWorkspace();                           // collective
-void Finalize();
+// Collective; flags (zeroed) + kernel data + library staging, `data_bytes` each.
+Status AllocateWorkspace(int64_t data_bytes);
+void FreeWorkspace();  // collective
+void Finalize();       // collective; only after InitializeWithUniqueId
 int MyPe();
 int NPes();
 int64_t WorkspaceBytes();
@@ -49,6 +51,7 @@ struct NvshmemAllReduceArgs {
 
 Status LaunchAllReduce(const NvshmemAllReduceArgs& args, cudaStream_t stream);
 // Reads the sticky status word (synchronizes `stream`): an error naming the missing PEs.
+// stream == nullptr (Python's check_status) first waits for all work on the device.
 Status CheckStatus(cudaStream_t stream);
 
 }  // namespace gpuext::allreduce
