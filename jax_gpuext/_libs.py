@@ -24,14 +24,17 @@ class LibrarySpec:
     name: str
     sonames: tuple[str, ...]
     wheel_dirs: tuple[str, ...]  # relative to site-packages/nvidia
+    version_fn: str  # the exported function version() calls; also names the file (dladdr)
 
 
 LIBRARIES = {
-    "cudnn": LibrarySpec("cuDNN", ("libcudnn.so.9",), ("cudnn/lib", "cu13/lib", "cu12/lib")),
-    "cublaslt": LibrarySpec(
-        "cuBLASLt", ("libcublasLt.so.13", "libcublasLt.so.12"), ("cu13/lib", "cublas/lib", "cu12/lib")
-    ),
-    "nvshmem": LibrarySpec("NVSHMEM", ("libnvshmem_host.so.3",), ("nvshmem/lib", "cu13/lib", "cu12/lib")),
+    "cudnn": LibrarySpec("cuDNN", ("libcudnn.so.9",), ("cudnn/lib", "cu13/lib", "cu12/lib"), "cudnnGetVersion"),
+    "cublaslt": LibrarySpec("cuBLASLt", ("libcublasLt.so.13", "libcublasLt.so.12"),
+                            ("cu13/lib", "cublas/lib", "cu12/lib"), "cublasLtGetVersion"),
+    # nvshmemx_vendor_get_version_info: the library's own version, safe before init
+    # (nvshmem_info_get_version answers the OpenSHMEM spec version it implements, 1.3).
+    "nvshmem": LibrarySpec("NVSHMEM", ("libnvshmem_host.so.3",), ("nvshmem/lib", "cu13/lib", "cu12/lib"),
+                           "nvshmemx_vendor_get_version_info"),
 }
 
 
@@ -75,15 +78,10 @@ def load(key: str) -> tuple[LoadedLibrary | None, str]:
             continue
         # C++ code dlopens the same file by path (never by soname, which could pick another
         # copy), so name the file the loader chose.
-        return LoadedLibrary(key, _file_of(handle, _VERSION_SYMBOLS[key]), handle), f"system {soname}"
+        return LoadedLibrary(key, _file_of(handle, spec.version_fn), handle), f"system {soname}"
     hint = {"cudnn": "nvidia-cudnn-cu12/-cu13", "cublaslt": "nvidia-cublas(-cu12)",
             "nvshmem": "nvidia-nvshmem-cu12/-cu13"}[key]
     return None, f"{spec.name} not found (install {hint}, or jax-gpuext[cuda12|cuda13]); tried " + "; ".join(errors)
-
-
-# One exported function per library, to ask the loader which file provides it.
-_VERSION_SYMBOLS = {"cudnn": "cudnnGetVersion", "cublaslt": "cublasLtGetVersion",
-                    "nvshmem": "nvshmemx_vendor_get_version_info"}
 
 
 class _DlInfo(ctypes.Structure):
@@ -109,37 +107,25 @@ def _file_of(handle: ctypes.CDLL, symbol: str) -> str | None:
     return None
 
 
-def _call_int(lib: LoadedLibrary, fn: str, *args) -> int | None:
-    try:
-        f = getattr(lib.handle, fn)
-    except AttributeError:
-        return None
-    f.restype = ctypes.c_size_t if fn in ("cudnnGetVersion", "cublasLtGetVersion") else ctypes.c_int
-    return int(f(*args))
-
-
 @functools.cache
 def version(key: str) -> tuple[tuple[int, ...] | None, str]:
     """``((major, minor, patch), where)`` of library ``key``, or ``(None, why not)``."""
     lib, where = load(key)
     if lib is None:
         return None, where
-    if key == "cudnn":  # cudnnGetVersion: major*10000 + minor*100 + patch since cuDNN 9
-        v = _call_int(lib, "cudnnGetVersion")
-        return (v // 10000, (v % 10000) // 100, v % 100), where
-    if key == "cublaslt":  # cublasLtGetVersion: major*10000 + minor*100 + patch
-        v = _call_int(lib, "cublasLtGetVersion")
-        return (v // 10000, (v % 10000) // 100, v % 100), where
-    if key == "nvshmem":
-        # nvshmemx_vendor_get_version_info: the library's own version, safe before init.
-        # (nvshmem_info_get_version answers the OpenSHMEM spec version it implements, 1.3.)
-        major, minor, patch = ctypes.c_int(0), ctypes.c_int(0), ctypes.c_int(0)
-        try:
-            lib.handle.nvshmemx_vendor_get_version_info(ctypes.byref(major), ctypes.byref(minor), ctypes.byref(patch))
-        except AttributeError:
-            return None, f"{where} has no nvshmemx_vendor_get_version_info"
-        return (major.value, minor.value, patch.value), where
-    raise KeyError(key)
+    fn_name = LIBRARIES[key].version_fn
+    try:
+        fn = getattr(lib.handle, fn_name)
+    except AttributeError:
+        return None, f"{where} has no {fn_name}"
+    if key == "nvshmem":  # (int* major, int* minor, int* patch)
+        parts = [ctypes.c_int(0) for _ in range(3)]
+        fn(*map(ctypes.byref, parts))
+        return tuple(p.value for p in parts), where
+    # cudnnGetVersion (since cuDNN 9) / cublasLtGetVersion: major*10000 + minor*100 + patch
+    fn.restype = ctypes.c_size_t
+    v = int(fn())
+    return (v // 10000, (v % 10000) // 100, v % 100), where
 
 
 def path(key: str) -> str | None:

@@ -62,9 +62,9 @@ Status RunBlockScaledMatmul(const std::string& library_path, int device_ordinal,
 
 // Creates the handle of `device` (< 0: the current device) and asks the heuristic for `p`'s
 // algorithm now, caching both where RunBlockScaledMatmul finds them; pointers in `p` are not
-// read (the heuristic sees stand-in scale pointers). Called at trace time (jax_gpuext/dot_cublaslt.py), so no call creates a handle or asks
-// the heuristic while running or being captured into a CUDA graph, and "no algorithm" is a
-// trace-time answer.
+// read (the heuristic sees stand-in scale pointers). Called at trace time
+// (jax_gpuext/dot_cublaslt.py), so no call creates a handle or asks the heuristic while running
+// or being captured into a CUDA graph, and "no algorithm" is a trace-time answer.
 Status PrepareBlockScaledMatmul(const std::string& library_path, int device, const BlockScaledMatmul& p);
 
 }  // namespace gpuext

@@ -120,25 +120,37 @@ Status LaunchConfig(const Problem& p, cudaStream_t stream) {
   return Status::Ok();
 }
 
-template <Fp8 kA, Fp8 kB>
-Status LaunchTyped(const Problem& p, TileConfig config, cudaStream_t stream) {
-  // Stage counts fill most of the 227 KB: (16+16+2+2) KB x 5, (8+16+1+2) KB x 7, (16+8+2+1) KB x 6.
+// The one table of tile configs: calls fn(Tile<consumers, BN, stages>{}) for `config`. Stage
+// counts fill most of the 227 KB: (16+16+2+2) KB x 5, (8+16+1+2) KB x 7, (16+8+2+1) KB x 6.
+template <int kConsumers_, int kBlockN_, int kStages_>
+struct Tile {
+  static constexpr int kConsumers = kConsumers_, kBlockN = kBlockN_, kStages = kStages_;
+};
+
+template <typename Fn>
+Status WithTile(TileConfig config, Fn fn) {
   switch (config) {
-    case TileConfig::kM128N128: return LaunchConfig<2, 128, 5, kA, kB>(p, stream);
-    case TileConfig::kM64N128: return LaunchConfig<1, 128, 7, kA, kB>(p, stream);
-    case TileConfig::kM128N64: return LaunchConfig<2, 64, 6, kA, kB>(p, stream);
+    case TileConfig::kM128N128: return fn(Tile<2, 128, 5>{});
+    case TileConfig::kM64N128: return fn(Tile<1, 128, 7>{});
+    case TileConfig::kM128N64: return fn(Tile<2, 64, 6>{});
   }
   return Status::Error("unknown tile config " + std::to_string(static_cast<int>(config)));
 }
 
 template <Fp8 kA, Fp8 kB>
+Status LaunchTyped(const Problem& p, TileConfig config, cudaStream_t stream) {
+  return WithTile(config, [&](auto t) {
+    using T = decltype(t);
+    return LaunchConfig<T::kConsumers, T::kBlockN, T::kStages, kA, kB>(p, stream);
+  });
+}
+
+template <Fp8 kA, Fp8 kB>
 Status SetUpTyped(TileConfig config) {
-  switch (config) {
-    case TileConfig::kM128N128: return SetUpOnce<2, 128, 5, kA, kB>();
-    case TileConfig::kM64N128: return SetUpOnce<1, 128, 7, kA, kB>();
-    case TileConfig::kM128N64: return SetUpOnce<2, 64, 6, kA, kB>();
-  }
-  return Status::Error("unknown tile config " + std::to_string(static_cast<int>(config)));
+  return WithTile(config, [](auto t) {
+    using T = decltype(t);
+    return SetUpOnce<T::kConsumers, T::kBlockN, T::kStages, kA, kB>();
+  });
 }
 
 }  // namespace
