@@ -470,6 +470,77 @@ def test_gpu_command_buffer(fmt_l, fmt_r, backend, command_buffer):
     assert (f"gpuext_block_scaled_dot_{backend}" in captured) == bool(command_buffer), captured
 
 
+@pytest.mark.parametrize("target", ["gpuext_block_scaled_dot_cublaslt", "gpuext_block_scaled_dot_cudnn",
+                                    "gpuext_hopper_mx_dot"])
+def test_gpu_handlers_register_an_initialize_stage(target):
+    """Each GPU dot handler does its one-time work (cuBLASLt handle + heuristic, cuDNN graph,
+    kernel set-up) in XLA's initialize stage, outside any command-buffer capture; the stage dict
+    is what reaches jax.ffi.register_ffi_target. Runs wherever the CUDA extension was built."""
+    from jax_gpuext import _ext
+
+    mod = _ext.module("cuda")
+    if mod is None or target not in mod.registrations():
+        pytest.skip(f"{target} was not built here")
+    stages = mod.registrations()[target]
+    assert isinstance(stages, dict) and set(stages) == {"initialize", "execute"}
+
+
+_AOT_CHILD = """
+import sys, numpy as np, jax, ml_dtypes
+from jax.experimental.serialize_executable import deserialize_and_load
+from jax_gpuext import _ext
+_ext.ensure_all_registered()  # the targets only: nothing is traced, so nothing is prepared
+dtypes = [getattr(ml_dtypes, t, np.dtype(t)) for t in sys.argv[1].split(",")]  # float8 names live in ml_dtypes
+leaves = [np.load(f"leaf{i}.npy").view(t) for i, t in enumerate(dtypes)]
+run = deserialize_and_load(open("exe.bin", "rb").read(),
+                           jax.tree_util.tree_structure((tuple(range(len(leaves))), {})),
+                           jax.tree_util.tree_structure(0))
+outs = [np.asarray(run(*leaves)) for _ in range(3)]  # warm-up, then the recorded graph, replayed
+assert all(np.array_equal(o, outs[0]) for o in outs), "replays differ"
+np.save("out.npy", outs[0])
+print("plan stats", _ext.module("cuda").cublaslt_plan_stats())
+assert _ext.module("cuda").cublaslt_plan_stats() == (1, 0), "the execute path had to make the plan"
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.gates("hopper", "cublaslt_dot_built")
+def test_gpu_cublaslt_executable_compiled_elsewhere_prepares_in_initialize(tmp_path):
+    """An executable compiled in one process and run in another (no trace there, so no
+    trace-time prepare): the handler's initialize stage must make the plan before XLA records
+    the command buffer, and the execute path must find it cached (cublaslt_plan_stats)."""
+    import subprocess
+    import sys
+
+    from jax.experimental.serialize_executable import serialize
+
+    lhs, rhs = _gpu_case(gx.FP8_1x128, gx.FP8_128x128)
+    leaves_l, tree_l = jax.tree_util.tree_flatten(lhs)
+    leaves_r, tree_r = jax.tree_util.tree_flatten(rhs)
+    n_l = len(leaves_l)
+
+    def dot(*leaves):
+        a = jax.tree_util.tree_unflatten(tree_l, leaves[:n_l])
+        b = jax.tree_util.tree_unflatten(tree_r, leaves[n_l:])
+        return gx.block_scaled_dot(a, b, preferred_element_type=jnp.float32, backend="cublaslt")
+
+    opts = {"xla_gpu_enable_command_buffer": "CUSTOM_CALL", "xla_gpu_graph_min_graph_size": 1}
+    compiled = jax.jit(dot, compiler_options=opts).lower(*leaves_l, *leaves_r).compile()
+    assert "gpuext_block_scaled_dot_cublaslt" in custom_calls_in_command_buffers(compiled.as_text())
+    payload, _, _ = serialize(compiled)
+    (tmp_path / "exe.bin").write_bytes(payload)
+    leaves = [np.asarray(x) for x in leaves_l + leaves_r]
+    for i, x in enumerate(leaves):  # raw bytes: np.save cannot name the float8 dtypes
+        np.save(tmp_path / f"leaf{i}.npy", x.view(np.uint8))
+    dtypes = ",".join(x.dtype.name for x in leaves)
+    child = subprocess.run([sys.executable, "-c", _AOT_CHILD, dtypes], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=600)
+    assert child.returncode == 0, child.stdout + child.stderr
+    ref = gx.block_scaled_dot(lhs, rhs, preferred_element_type=jnp.float32, backend="reference")
+    np.testing.assert_allclose(np.load(tmp_path / "out.npy"), np.asarray(ref), rtol=1e-3,
+                               atol=1e-3 * float(jnp.abs(ref).max()))
+
+
 @pytest.mark.gpu
 @pytest.mark.gates("fp8_tensor_cores", "cublaslt_dot_built")
 def test_gpu_per_tensor_batched_and_vmapped():

@@ -56,6 +56,7 @@ std::map<Key, Plan>& Plans() {
   static auto* p = new std::map<Key, Plan>();
   return *p;
 }
+int64_t g_built_while_running = 0;  // guarded by g_mu
 
 template <typename T>
 cublasStatus_t SetOp(const CublasLtApi* api, cublasLtMatmulDesc_t op, cublasLtMatmulDescAttributes_t attr,
@@ -100,8 +101,9 @@ Status Describe(const CublasLtApi* api, const BlockScaledMatmul& p, Descriptors&
 size_t ElementBits(cudaDataType_t t) { return t == CUDA_R_4F_E2M1 ? 4 : 8; }
 
 // The handle of `device` and the algorithm of `p`'s key, both created on first use and cached
-// for the process. `ds` must describe `p` (Describe).
-Status PlanFor(const CublasLtApi* api, int device, const BlockScaledMatmul& p, Descriptors& ds,
+// for the process. `ds` must describe `p` (Describe). `running`: asked from the execute path,
+// where a miss means neither trace time nor the initialize stage prepared the call (counted).
+Status PlanFor(const CublasLtApi* api, int device, const BlockScaledMatmul& p, Descriptors& ds, bool running,
                cublasLtHandle_t* handle, Plan* plan) {
   std::lock_guard<std::mutex> lock(g_mu);
   auto& handles = Handles();
@@ -142,6 +144,7 @@ Status PlanFor(const CublasLtApi* api, int device, const BlockScaledMatmul& p, D
                            " N=" + std::to_string(p.n) + " K=" + std::to_string(p.k) + ")");
     }
     pit = Plans().emplace(key, Plan{result.algo}).first;
+    if (running) ++g_built_while_running;
   }
   *plan = pit->second;
   return Status::Ok();
@@ -176,7 +179,12 @@ Status PrepareBlockScaledMatmul(const std::string& library_path, int device, con
   GPUEXT_RETURN_IF_ERROR(SetScalePointers(api, ds.op, stand_in + kOperandAlignment, stand_in + kOperandAlignment));
   cublasLtHandle_t handle = nullptr;
   Plan plan;
-  return PlanFor(api, current, p, ds, &handle, &plan);
+  return PlanFor(api, current, p, ds, /*running=*/false, &handle, &plan);
+}
+
+CublasLtPlanStats GetCublasLtPlanStats() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return {static_cast<int64_t>(Plans().size()), g_built_while_running};
 }
 
 Status RunBlockScaledMatmul(const std::string& library_path, int device_ordinal, const BlockScaledMatmul& p,
@@ -192,7 +200,7 @@ Status RunBlockScaledMatmul(const std::string& library_path, int device_ordinal,
   GPUEXT_RETURN_IF_ERROR(SetScalePointers(api, ds.op, p.rhs_scale, p.lhs_scale));  // batch 0's
   cublasLtHandle_t handle = nullptr;
   Plan plan;
-  GPUEXT_RETURN_IF_ERROR(PlanFor(api, device, p, ds, &handle, &plan));  // normally cached at trace time
+  GPUEXT_RETURN_IF_ERROR(PlanFor(api, device, p, ds, /*running=*/true, &handle, &plan));  // normally a cache hit
   static const float kHostAlphaBeta[2] = {1.0f, 0.0f};
   const float* alpha_beta = DeviceAlpha(p) ? p.alpha_beta : kHostAlphaBeta;
 

@@ -52,9 +52,10 @@ inline bool OutTypeOfCode(int32_t code, cudaDataType_t* out) {
   }
 }
 
-// Runs the matmul on `stream`. The first call for a (device, shape, types, modes) key asks
-// cuBLASLt's heuristic for an algorithm and caches it for the process, so later calls (and
-// replays of a CUDA graph recorded from them) launch the same kernels.
+// Runs the matmul on `stream` with the algorithm PrepareBlockScaledMatmul cached for the
+// (device, shape, types, modes, workspace) key (asking the heuristic here only if nothing
+// prepared it), so every call, and every replay of a CUDA graph recorded from one, launches the
+// same kernels.
 // `device_ordinal` is the stream's CUDA device (XLA's device ordinal); it keys the caches and is
 // made current for the call.
 Status RunBlockScaledMatmul(const std::string& library_path, int device_ordinal, const BlockScaledMatmul& p,
@@ -63,8 +64,17 @@ Status RunBlockScaledMatmul(const std::string& library_path, int device_ordinal,
 // Creates the handle of `device` (< 0: the current device) and asks the heuristic for `p`'s
 // algorithm now, caching both where RunBlockScaledMatmul finds them; pointers in `p` are not
 // read (the heuristic sees stand-in scale pointers). Called at trace time
-// (jax_gpuext/dot_cublaslt.py), so no call creates a handle or asks the heuristic while running
+// (jax_gpuext/dot_cublaslt.py) and again by the handler's initialize stage (a cache hit unless the
+// trace ran in another process), so no call creates a handle or asks the heuristic while running
 // or being captured into a CUDA graph, and "no algorithm" is a trace-time answer.
 Status PrepareBlockScaledMatmul(const std::string& library_path, int device, const BlockScaledMatmul& p);
+
+// Plans cached in this process, and how many of them the execute path had to make itself
+// (neither trace time nor the initialize stage had prepared the call): tests assert 0 there.
+struct CublasLtPlanStats {
+  int64_t plans = 0;
+  int64_t built_while_running = 0;
+};
+CublasLtPlanStats GetCublasLtPlanStats();
 
 }  // namespace gpuext

@@ -47,8 +47,9 @@ struct CudnnBlockScaledMatmul {
 // Runs the matmul on `stream`. `library_path` is the libcudnn.so.9 that Python found
 // (jax_gpuext._libs.path("cudnn"); empty: the loader's search); it is dlopened once per process
 // and a later, different path is an error. The graph for a (device, shapes, types, alpha mode,
-// plan filter, workspace) key is built by PrepareCudnnBlockScaledMatmul at trace time (or here, on
-// first use, if it was not) and cached for the process, so every call launches the same plan. Nothing is allocated here: cuDNN's workspace is `workspace`.
+// plan filter, workspace) key is built by PrepareCudnnBlockScaledMatmul at trace time or in the
+// handler's initialize stage (here only if neither ran) and cached for the process, so every call
+// launches the same plan. Nothing is allocated here: cuDNN's workspace is `workspace`.
 // `device_ordinal` is the stream's CUDA device (XLA's device ordinal): it keys the caches and is
 // made current for the call.
 Status RunCudnnBlockScaledMatmul(const std::string& library_path, int device_ordinal, const CudnnBlockScaledMatmul& p,
@@ -57,7 +58,8 @@ Status RunCudnnBlockScaledMatmul(const std::string& library_path, int device_ord
 // Builds (does not run) the graph of `p` on `device` (< 0: the current device) and caches it
 // where RunCudnnBlockScaledMatmul finds it: validate, operation graph, heuristics, check_support,
 // build_plans. Ok with the plan's workspace size, or the first stage that failed with cuDNN's
-// message. Called at trace time (jax_gpuext/dot_cudnn.py), so graphs are built before any call
+// message. Called at trace time (jax_gpuext/dot_cudnn.py) and again by the handler's initialize
+// stage (a cache hit unless the trace ran in another process), so graphs are built before any call
 // runs or is captured into a CUDA graph, and a graph cuDNN cannot build is a trace-time answer;
 // benchmarks/probe_cudnn.py uses it to record what cuDNN supports where our gates say no (an
 // H100). Pointers in `p` are not read.

@@ -8,8 +8,10 @@
 // (ffi/common/library_paths.h).
 //
 // kCmdBufferCompatible (REFERENCE section 2): the algorithm is chosen at trace time
-// (_cuda.cublaslt_prepare; on the first call if no GPU was there to trace on) and cached for the
-// process, so every call launches the same cuBLASLt kernels on the given stream; memory is only
+// (_cuda.cublaslt_prepare) or, where no trace ran in this process (an executable compiled ahead of
+// time), in the initialize stage, which XLA runs before it runs or records the call (also inside
+// a command buffer: CommandBufferThunk::Initialize initializes its thunks first). It is cached
+// for the process, so every call launches the same cuBLASLt kernels on the given stream; memory is only
 // the buffers passed (workspace included); alpha/beta are read from device memory or are host
 // constants; nothing synchronises or queries the stream. Per-call host work is descriptors only, at record time.
 #include <cuda_runtime_api.h>
@@ -27,12 +29,14 @@ namespace {
 
 constexpr size_t kWorkspaceSlack = 256;
 
-ffi::Error BlockScaledDotCublasLtImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale,
-                                      ffi::AnyBuffer rhs, ffi::AnyBuffer rhs_scale,
-                                      ffi::Buffer<ffi::F32> alpha_beta, ffi::Result<ffi::AnyBuffer> out,
-                                      ffi::Result<ffi::AnyBuffer> workspace, int64_t k, int32_t lhs_type,
-                                      int32_t rhs_type, int32_t lhs_scale_mode, int32_t rhs_scale_mode) {
-  NvtxRange range("gpuext_block_scaled_dot_cublaslt");
+bool Empty(const BlockScaledMatmul& p) { return p.batch == 0 || p.m == 0 || p.n == 0; }
+
+// Validates the operands and attributes and fills `p`, pointers included: shared by the
+// initialize and execute stages, so both see the same problem (and the same plan-cache key).
+ffi::Error DescribeCall(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale, ffi::AnyBuffer rhs, ffi::AnyBuffer rhs_scale,
+                        ffi::Buffer<ffi::F32> alpha_beta, ffi::Result<ffi::AnyBuffer> out,
+                        ffi::Result<ffi::AnyBuffer> workspace, int64_t k, int32_t lhs_type, int32_t rhs_type,
+                        int32_t lhs_scale_mode, int32_t rhs_scale_mode, BlockScaledMatmul* out_problem) {
   auto ld = lhs.dimensions(), rd = rhs.dimensions(), od = out->dimensions();
   GPUEXT_FFI_CHECK(ld.size() == 3 && rd.size() == 3 && od.size() == 3,
                    "lhs, rhs and out must be (B, rows, K) / (B, M, N)");
@@ -47,7 +51,7 @@ ffi::Error BlockScaledDotCublasLtImpl(cudaStream_t stream, int32_t device, ffi::
   GPUEXT_FFI_CHECK(ld[2] == (lt == CUDA_R_4F_E2M1 ? k / 2 : k) && rd[2] == (rt == CUDA_R_4F_E2M1 ? k / 2 : k),
                    "K of lhs/rhs does not match attribute k=" + std::to_string(k));
 
-  BlockScaledMatmul p;
+  BlockScaledMatmul& p = *out_problem;
   switch (out->element_type()) {
     case ffi::DataType::BF16: p.out_type = CUDA_R_16BF; break;
     case ffi::DataType::F16: p.out_type = CUDA_R_16F; break;
@@ -69,7 +73,7 @@ ffi::Error BlockScaledDotCublasLtImpl(cudaStream_t stream, int32_t device, ffi::
   p.rhs = rhs.untyped_data();
   p.lhs_scale = lhs_scale.untyped_data();
   p.rhs_scale = rhs_scale.untyped_data();
-  if (p.batch == 0 || p.m == 0 || p.n == 0) return ffi::Error::Success();
+  if (Empty(p)) return ffi::Error::Success();  // no division by a zero batch below
   p.lhs_scale_bytes = lhs_scale.size_bytes() / p.batch;
   p.rhs_scale_bytes = rhs_scale.size_bytes() / p.batch;
   p.alpha_beta = alpha_beta.typed_data();
@@ -81,11 +85,61 @@ ffi::Error BlockScaledDotCublasLtImpl(cudaStream_t stream, int32_t device, ffi::
   const auto base = reinterpret_cast<uintptr_t>(workspace->untyped_data());
   p.workspace = reinterpret_cast<void*>((base + kWorkspaceSlack - 1) / kWorkspaceSlack * kWorkspaceSlack);
   p.workspace_bytes = workspace->size_bytes() - kWorkspaceSlack;
+  return ffi::Error::Success();
+}
+
+ffi::Error BlockScaledDotCublasLtImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale,
+                                      ffi::AnyBuffer rhs, ffi::AnyBuffer rhs_scale,
+                                      ffi::Buffer<ffi::F32> alpha_beta, ffi::Result<ffi::AnyBuffer> out,
+                                      ffi::Result<ffi::AnyBuffer> workspace, int64_t k, int32_t lhs_type,
+                                      int32_t rhs_type, int32_t lhs_scale_mode, int32_t rhs_scale_mode) {
+  NvtxRange range("gpuext_block_scaled_dot_cublaslt");
+  BlockScaledMatmul p;
+  const ffi::Error described =
+      DescribeCall(lhs, lhs_scale, rhs, rhs_scale, alpha_beta, out, workspace, k, lhs_type, rhs_type,
+                   lhs_scale_mode, rhs_scale_mode, &p);
+  if (described.failure()) return described;
+  if (Empty(p)) return ffi::Error::Success();
   GPUEXT_FFI_RETURN_IF_ERROR(RunBlockScaledMatmul(LibraryPath("cublaslt"), device, p, stream));
   return ffi::Error::Success();
 }
 
+// Initialize stage: the handle and the algorithm of this call, before XLA runs or records it.
+// Trace time normally did this already (then it is one map lookup); it matters where the trace
+// ran elsewhere (an executable compiled ahead of time, or traced with no GPU attached), so the
+// handle creation and the heuristic never happen on the execute path, inside a graph capture.
+ffi::Error BlockScaledDotCublasLtInitialize(int32_t device, ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale,
+                                            ffi::AnyBuffer rhs, ffi::AnyBuffer rhs_scale,
+                                            ffi::Buffer<ffi::F32> alpha_beta, ffi::Result<ffi::AnyBuffer> out,
+                                            ffi::Result<ffi::AnyBuffer> workspace, int64_t k, int32_t lhs_type,
+                                            int32_t rhs_type, int32_t lhs_scale_mode, int32_t rhs_scale_mode) {
+  BlockScaledMatmul p;
+  const ffi::Error described =
+      DescribeCall(lhs, lhs_scale, rhs, rhs_scale, alpha_beta, out, workspace, k, lhs_type, rhs_type,
+                   lhs_scale_mode, rhs_scale_mode, &p);
+  if (described.failure()) return described;
+  if (Empty(p)) return ffi::Error::Success();
+  GPUEXT_FFI_RETURN_IF_ERROR(PrepareBlockScaledMatmul(LibraryPath("cublaslt"), device, p));
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BlockScaledDotCublasLtInitializeFfi, BlockScaledDotCublasLtInitialize,
+                              ffi::Ffi::Bind<ffi::ExecutionStage::kInitialize>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("k")
+                                  .Attr<int32_t>("lhs_type")
+                                  .Attr<int32_t>("rhs_type")
+                                  .Attr<int32_t>("lhs_scale_mode")
+                                  .Attr<int32_t>("rhs_scale_mode"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BlockScaledDotCublasLtFfi, BlockScaledDotCublasLtImpl,
                               ffi::Ffi::Bind()
@@ -105,6 +159,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(BlockScaledDotCublasLtFfi, BlockScaledDotCublasLtI
                                   .Attr<int32_t>("rhs_scale_mode"),
                               {ffi::Traits::kCmdBufferCompatible});
 
+GPUEXT_REGISTER_FFI_STAGE("gpuext_block_scaled_dot_cublaslt", "initialize", BlockScaledDotCublasLtInitializeFfi);
 GPUEXT_REGISTER_FFI_TARGET("gpuext_block_scaled_dot_cublaslt", BlockScaledDotCublasLtFfi);
 
 }  // namespace gpuext

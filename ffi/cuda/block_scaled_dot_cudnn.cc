@@ -30,11 +30,14 @@ bool ElementType(int32_t code, CudnnElement* out) {
   return true;
 }
 
-ffi::Error BlockScaledDotCudnnImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale,
-                                   ffi::AnyBuffer rhs, ffi::AnyBuffer rhs_scale, ffi::Buffer<ffi::F32> alpha,
-                                   ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace, int64_t k,
-                                   int32_t lhs_type, int32_t rhs_type, int32_t fuse_alpha, int32_t graph_safe) {
-  NvtxRange range("gpuext_block_scaled_dot_cudnn");
+bool Empty(const CudnnBlockScaledMatmul& p) { return p.batch == 0 || p.m == 0 || p.n == 0; }
+
+// Validates the operands and attributes and fills `p`, pointers included: shared by the
+// initialize and execute stages, so both see the same problem (and the same graph-cache key).
+ffi::Error DescribeCall(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale, ffi::AnyBuffer rhs, ffi::AnyBuffer rhs_scale,
+                        ffi::Buffer<ffi::F32> alpha, ffi::Result<ffi::AnyBuffer> out,
+                        ffi::Result<ffi::AnyBuffer> workspace, int64_t k, int32_t lhs_type, int32_t rhs_type,
+                        int32_t fuse_alpha, int32_t graph_safe, CudnnBlockScaledMatmul* out_problem) {
   auto ld = lhs.dimensions(), rd = rhs.dimensions(), od = out->dimensions();
   auto lsd = lhs_scale.dimensions(), rsd = rhs_scale.dimensions();
   GPUEXT_FFI_CHECK(ld.size() == 3 && rd.size() == 3 && od.size() == 3,
@@ -62,7 +65,7 @@ ffi::Error BlockScaledDotCudnnImpl(cudaStream_t stream, int32_t device, ffi::Any
   GPUEXT_FFI_CHECK(lhs_scale.size_bytes() == ElementCount(lsd) && rhs_scale.size_bytes() == ElementCount(rsd),
                    "scales must be one byte each (E8M0 / E4M3 bits)");
 
-  CudnnBlockScaledMatmul p;
+  CudnnBlockScaledMatmul& p = *out_problem;
   switch (out->element_type()) {
     case ffi::DataType::BF16: p.out_type = CudnnOut::kBF16; break;
     case ffi::DataType::F16: p.out_type = CudnnOut::kF16; break;
@@ -88,12 +91,61 @@ ffi::Error BlockScaledDotCudnnImpl(cudaStream_t stream, int32_t device, ffi::Any
   p.out = out->untyped_data();
   p.workspace = workspace->untyped_data();
   p.workspace_bytes = workspace->size_bytes();
-  if (p.batch == 0 || p.m == 0 || p.n == 0) return ffi::Error::Success();
+  return ffi::Error::Success();
+}
+
+ffi::Error BlockScaledDotCudnnImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale,
+                                   ffi::AnyBuffer rhs, ffi::AnyBuffer rhs_scale, ffi::Buffer<ffi::F32> alpha,
+                                   ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace, int64_t k,
+                                   int32_t lhs_type, int32_t rhs_type, int32_t fuse_alpha, int32_t graph_safe) {
+  NvtxRange range("gpuext_block_scaled_dot_cudnn");
+  CudnnBlockScaledMatmul p;
+  const ffi::Error described =
+      DescribeCall(lhs, lhs_scale, rhs, rhs_scale, alpha, out, workspace, k, lhs_type, rhs_type, fuse_alpha,
+                   graph_safe, &p);
+  if (described.failure()) return described;
+  if (Empty(p)) return ffi::Error::Success();
   GPUEXT_FFI_RETURN_IF_ERROR(RunCudnnBlockScaledMatmul(LibraryPath("cudnn"), device, p, stream));
   return ffi::Error::Success();
 }
 
+// Initialize stage: builds this call's graph before XLA runs the call. Trace time normally built
+// it already (then this is one cache lookup); it matters where the trace ran elsewhere (an
+// executable compiled ahead of time), so graph building (seconds, with cuDNN's own allocations)
+// never happens on the execute path.
+ffi::Error BlockScaledDotCudnnInitialize(int32_t device, ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale,
+                                         ffi::AnyBuffer rhs, ffi::AnyBuffer rhs_scale, ffi::Buffer<ffi::F32> alpha,
+                                         ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace,
+                                         int64_t k, int32_t lhs_type, int32_t rhs_type, int32_t fuse_alpha,
+                                         int32_t graph_safe) {
+  CudnnBlockScaledMatmul p;
+  const ffi::Error described =
+      DescribeCall(lhs, lhs_scale, rhs, rhs_scale, alpha, out, workspace, k, lhs_type, rhs_type, fuse_alpha,
+                   graph_safe, &p);
+  if (described.failure()) return described;
+  if (Empty(p)) return ffi::Error::Success();
+  int64_t plan_workspace = 0;
+  GPUEXT_FFI_RETURN_IF_ERROR(PrepareCudnnBlockScaledMatmul(LibraryPath("cudnn"), device, p, &plan_workspace));
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BlockScaledDotCudnnInitializeFfi, BlockScaledDotCudnnInitialize,
+                              ffi::Ffi::Bind<ffi::ExecutionStage::kInitialize>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("k")
+                                  .Attr<int32_t>("lhs_type")
+                                  .Attr<int32_t>("rhs_type")
+                                  .Attr<int32_t>("fuse_alpha")
+                                  .Attr<int32_t>("graph_safe"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BlockScaledDotCudnnFfi, BlockScaledDotCudnnImpl,
                               ffi::Ffi::Bind()
@@ -112,6 +164,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(BlockScaledDotCudnnFfi, BlockScaledDotCudnnImpl,
                                   .Attr<int32_t>("fuse_alpha")
                                   .Attr<int32_t>("graph_safe"));
 
+GPUEXT_REGISTER_FFI_STAGE("gpuext_block_scaled_dot_cudnn", "initialize", BlockScaledDotCudnnInitializeFfi);
 GPUEXT_REGISTER_FFI_TARGET("gpuext_block_scaled_dot_cudnn", BlockScaledDotCudnnFfi);
 
 }  // namespace gpuext

@@ -1,6 +1,7 @@
 // jax_gpuext._cuda.cublaslt_prepare: creates the cuBLASLt handle of one GPU and asks the heuristic
 // for one matmul's algorithm, caching both for the handler (csrc/dot/cublaslt_block_scaled.h).
-// Called from Python at trace time (jax_gpuext/dot_cublaslt.py). Built only with the cuBLASLt dot.
+// Called from Python at trace time (jax_gpuext/dot_cublaslt.py). Also cublaslt_plan_stats, for the
+// tests. Built only with the cuBLASLt dot.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -42,6 +43,14 @@ void AddCublasLtPrepare(nb::module_& m) {
       nb::arg("out_type"), nb::arg("lhs_scale_mode"), nb::arg("rhs_scale_mode"), nb::arg("workspace_bytes"),
       "(supported, why not): cache the cuBLASLt handle and algorithm of one matmul on CUDA device `device` "
       "(-1: current), from the path set with set_library_path('cublaslt', ...)");
+  m.def(
+      "cublaslt_plan_stats",
+      []() -> std::tuple<int64_t, int64_t> {
+        const CublasLtPlanStats s = GetCublasLtPlanStats();
+        return {s.plans, s.built_while_running};
+      },
+      "(plans cached, plans the execute path had to make): the second is 0 when trace time or the handler's "
+      "initialize stage prepared every call");
 }
 
 }  // namespace
