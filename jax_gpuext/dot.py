@@ -92,6 +92,9 @@ class DotProblem:
     rhs_batch: tuple[int, ...]
     out_dtype: Any
     has_global_scale: bool
+    # An NVFP4 global scale has leading batch dims (quantized under vmap, used outside it): one
+    # value per batch entry, which a backend taking one alpha per call cannot apply.
+    batched_global_scale: bool = False
 
     @property
     def lhs_free(self) -> tuple[int, ...]:
@@ -174,16 +177,49 @@ def _problem(lhs, rhs, dimension_numbers, out_dtype) -> DotProblem:
         raise ValueError(f"{what}: contracting sizes differ: lhs {ls} axis {lc[0]} vs rhs {rs} axis {rc[0]}")
     if [ls[d] for d in lb] != [rs[d] for d in rb]:
         raise ValueError(f"{what}: batch sizes differ: lhs {ls} dims {lb} vs rhs {rs} dims {rb}")
-    for name, q, f in (("lhs", lhs, lf), ("rhs", rhs, rf)):
-        expected = formats.scale_shape(q.data.shape, q.format, q.axis)
+    batched_global = False
+    for name, q, f, batch in (("lhs", lhs, lf, lb), ("rhs", rhs, rf, rb)):
+        # FP8_TENSOR's scale keeps the leading batch dims it got under vmap (as in dequantize)
+        expected = tuple(q.data.shape[:q.scale.ndim]) if f.per_tensor else \
+            formats.scale_shape(q.data.shape, q.format, q.axis)
         if q.data.dtype != f.element_dtype or q.scale.dtype != f.scale_dtype or tuple(q.scale.shape) != expected:
             raise TypeError(f"{what}: {name} ({f.name}) has data {q.data.dtype}{list(q.data.shape)} and scale "
                             f"{q.scale.dtype}{list(q.scale.shape)}; expected data {f.element_dtype}, scale "
                             f"{f.scale_dtype}{list(expected)}")
         if q.format.has_global_scale and q.global_scale is None:
             raise ValueError(f"{what}: {name} is {f.name} but has no global_scale")
+        batched_global |= "global_scale" in _check_leading_dims(q, f, batch, name, what)
     has_gs = lhs.global_scale is not None or rhs.global_scale is not None
-    return DotProblem(ls, rs, lf, rf, lc[0], rc[0], lb, rb, out_dtype, has_gs)
+    return DotProblem(ls, rs, lf, rf, lc[0], rc[0], lb, rb, out_dtype, has_gs, batched_global)
+
+
+def _per_tensor_values(q, f: FormatInfo):
+    """(what, value) of each per-tensor value of ``q``: FP8_TENSOR's scale, NVFP4's global scale."""
+    found = [("scale", q.scale)] if f.per_tensor else []
+    if q.global_scale is not None:
+        found.append(("global_scale", jnp.asarray(q.global_scale)))
+    return found
+
+
+def _check_leading_dims(q, f: FormatInfo, batch: tuple[int, ...], name: str, what: str) -> set[str]:
+    """A per-tensor value with leading dims (quantized under vmap, used outside it) gives one
+    value per entry of those axes; they must be the operand's first batch dimensions, in order,
+    so each value scales exactly the batch entries it was computed from. Returns the names of
+    the values that have leading dims."""
+    batched = set()
+    for label, v in _per_tensor_values(q, f):
+        r = v.ndim
+        if r == 0:
+            continue
+        if tuple(v.shape) != tuple(q.data.shape[:r]):
+            raise TypeError(f"{what}: {name}'s {label} has shape {list(v.shape)}; a per-tensor value is a scalar, "
+                            f"or has the leading dims of the data {list(q.data.shape[:r])} (quantized under vmap)")
+        if tuple(batch[:r]) != tuple(range(r)):
+            raise ValueError(f"{what}: {name}'s {label} has one value per entry of axes {list(range(r))} "
+                             f"(shape {list(v.shape)}, quantized under vmap), so those axes must be its first "
+                             f"batch dimensions, in order; dimension_numbers give batch dims {list(batch)}")
+        batched.add(label)
+    return batched
 
 
 # --------------------------------------------------------------------------- reference
@@ -191,7 +227,7 @@ def _expanded_scale(q, f: FormatInfo) -> jax.Array:
     """The block scales broadcast to the data's shape, in float32 (exact: E8M0/E4M3/fp32 -> fp32)."""
     s = q.scale.astype(jnp.float32)
     if f.per_tensor:
-        return s  # a scalar: broadcasts
+        return formats._broadcast_leading(s, q.data.ndim)  # a scalar, or one per leading batch entry
     shape = q.data.shape
     axes = (len(shape) - 2, len(shape) - 1) if f.two_d else (_norm_axis(q.axis, len(shape)),)
     for ax in axes:
@@ -199,8 +235,12 @@ def _expanded_scale(q, f: FormatInfo) -> jax.Array:
     return s
 
 
-def _global(q) -> jax.Array:
-    return jnp.float32(1) if q.global_scale is None else jnp.asarray(q.global_scale, jnp.float32)
+def _global(q, ndim: int = 0) -> jax.Array:
+    """The global scale (1 without one), shaped to broadcast against rank ``ndim`` from the
+    left: its leading dims are the first batch dims, which lead dot_general's output too."""
+    if q.global_scale is None:
+        return jnp.float32(1)
+    return formats._broadcast_leading(jnp.asarray(q.global_scale, jnp.float32), ndim)
 
 
 def _reference(lhs, rhs, p: DotProblem) -> jax.Array:
@@ -209,7 +249,7 @@ def _reference(lhs, rhs, p: DotProblem) -> jax.Array:
     dn = (((p.lhs_contract,), (p.rhs_contract,)), (p.lhs_batch, p.rhs_batch))
     acc = lax.dot_general(dl, dr, dn, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
     # Global scales multiply the fp32 accumulator once, as the math above states (not each element).
-    return (acc * (_global(lhs) * _global(rhs))).astype(p.out_dtype)
+    return (acc * (_global(lhs, acc.ndim) * _global(rhs, acc.ndim))).astype(p.out_dtype)
 
 
 # --------------------------------------------------------------------------- canonical form
@@ -218,7 +258,8 @@ def to_canonical(q, contract: int, batch: tuple[int, ...]):
 
     Free dimensions are collapsed into X. For FP8_128x128 the validation guaranteed that the
     two last axes are (free, contract) in some order, so the 2-D blocks survive. FP8_TENSOR's
-    one scale becomes ``(B, 1, 1)``: every batch is scaled by it.
+    scale becomes ``(B, 1, 1)``: one value for every batch, or each batch entry's own where the
+    scale has leading (batch) dims.
     """
     nd = q.data.ndim
     free = tuple(d for d in range(nd) if d != contract and d not in batch)
@@ -228,7 +269,7 @@ def to_canonical(q, contract: int, batch: tuple[int, ...]):
     x = math.prod(q.data.shape[d] for d in free)
     data = data.reshape(b, x, q.data.shape[contract])
     if q.format.per_tensor:
-        return data, jnp.broadcast_to(q.scale.astype(jnp.float32), (b, 1, 1))
+        return data, per_batch(q.scale, q.data.shape, batch).reshape(b, 1, 1)
     scale = jnp.transpose(q.scale, perm)
     return data, scale.reshape(b, math.prod(q.scale.shape[d] for d in free), q.scale.shape[contract])
 
@@ -240,8 +281,18 @@ def from_canonical(out: jax.Array, p: DotProblem) -> jax.Array:
     return out.reshape(shape)
 
 
+def per_batch(value, data_shape, batch: tuple[int, ...]) -> jax.Array:
+    """A per-tensor value (scalar, or with leading batch dims) as float32 ``(B,)`` over the
+    canonical batch (the batch dims in dimension-number order, collapsed)."""
+    value = jnp.asarray(value, jnp.float32)
+    batch_shape = tuple(data_shape[d] for d in batch)
+    lead = value.reshape(value.shape + (1,) * (len(batch_shape) - value.ndim))
+    return jnp.broadcast_to(lead, batch_shape).reshape(-1)
+
+
 def global_alpha(lhs, rhs, p: DotProblem) -> jax.Array:
-    """gs_l * gs_r as a float32 vector of length 1 (one scalar applies to every batch)."""
+    """gs_l * gs_r as a float32 vector of length 1 (one scalar applies to every batch). Backends
+    that take it refuse problems whose global scales are per batch (``batched_global_scale``)."""
     return (_global(lhs) * _global(rhs)).reshape(1)
 
 

@@ -56,6 +56,9 @@ def supports(p) -> GateResult:
         return GateResult(False, f"output dtype {p.out_dtype} not supported")
     if k == 0:
         return GateResult(False, "K=0: nothing to contract (the reference returns zeros)")
+    if p.batched_global_scale:
+        return GateResult(False, "the NVFP4 global scales are per batch entry (quantized under vmap, used "
+                                 "outside it); cuBLASLt takes one alpha per call")
     # out^T is cuBLAS's D, column-major with leading dimension N: its columns (our rows) must
     # start 16-byte aligned, as every FP8 matmul requires (cuBLAS docs, cublasLtMatmul).
     row_multiple = 16 // p.out_dtype.itemsize

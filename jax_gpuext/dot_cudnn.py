@@ -38,6 +38,9 @@ def supports(p) -> GateResult:
     e5 = jnp.dtype(jnp.float8_e5m2)
     if p.lhs_format.element_dtype == e5 and p.rhs_format.element_dtype == e5:
         return GateResult(False, "no E5M2 x E5M2 block-scaled MMA")
+    if p.batched_global_scale:
+        return GateResult(False, "the NVFP4 global scales are per batch entry (quantized under vmap, used "
+                                 "outside it); the graph takes one alpha scalar")
     return _prepare_on_local_gpus(p)
 
 

@@ -135,8 +135,9 @@ def prepare_mx(data, scale):
 
 
 def prepare_nvfp4(data, scale, global_scale):
-    """Canonical NVFP4 (B, X, K) E2M1 data, (B, X, ceil(K/16)) E4M3 scales, fp32 global scale ->
-    E4M3 data (B, X, 32*ceil(K/16)) with 16 zeros after every 16-block, fp32 scales per 32."""
+    """Canonical NVFP4 (B, X, K) E2M1 data, (B, X, ceil(K/16)) E4M3 scales, fp32 global scale
+    (a scalar, or (B, 1, 1): one per batch entry) -> E4M3 data (B, X, 32*ceil(K/16)) with 16 zeros
+    after every 16-block, fp32 scales per 32."""
     bsz, x, _ = data.shape
     wide = _pad_k(data, 16).astype(jnp.float32).astype(jnp.float8_e4m3fn)  # E2M1 -> E4M3 is exact
     blocks = wide.shape[-1] // 16
@@ -150,8 +151,9 @@ def prepare_nvfp4(data, scale, global_scale):
 
 def _prepare(q, contract, batch, info):
     data, scale = _dot.to_canonical(q, contract, batch)
-    if info.family == "nvfp4":
-        return prepare_nvfp4(data, scale, q.global_scale)
+    if info.family == "nvfp4":  # per batch entry: the global scale may have leading batch dims
+        gs = _dot.per_batch(q.global_scale, q.data.shape, batch).reshape(-1, 1, 1)
+        return prepare_nvfp4(data, scale, gs)
     return prepare_mx(data, scale)
 
 

@@ -29,8 +29,8 @@ def np_dequant(q) -> np.ndarray:
     scale = np.asarray(q.scale.astype(jnp.float32), np.float64)
     nd = data.ndim
     blocks = q.format.block
-    if not blocks:  # FP8_TENSOR: one scale
-        s = scale
+    if not blocks:  # FP8_TENSOR: one scale, or one per leading (batch) index if quantized under vmap
+        s = scale.reshape(scale.shape + (1,) * (nd - scale.ndim))
     elif len(blocks) == 2:
         r = np.arange(data.shape[-2]) // blocks[0]
         c = np.arange(data.shape[-1]) // blocks[1]
@@ -55,12 +55,13 @@ def np_block_scaled_dot(lhs, rhs, dn) -> np.ndarray:
     outs = [ls[d] for d in lb] + [ls[d] for d in range(l.ndim) if d not in lc and d not in lb] + \
            [rs[d] for d in range(r.ndim) if d not in rc and d not in rb]
     res = np.einsum(f"{''.join(ls)},{''.join(rs)}->{''.join(outs)}", l, r)
-    g = 1.0
+    g = np.ones(())
     for q in (lhs, rhs):
-        if q.global_scale is not None:
-            g *= float(q.global_scale)
+        if q.global_scale is not None:  # leading dims (vmap) are the first batch dims = output's first dims
+            gq = np.asarray(q.global_scale, np.float64)
+            g = g * gq.reshape(gq.shape + (1,) * (res.ndim - gq.ndim))
     assert res.shape == out.shape
-    return res * g, np.einsum(f"{''.join(ls)},{''.join(rs)}->{''.join(outs)}", np.abs(l), np.abs(r)) * abs(g)
+    return res * g, np.einsum(f"{''.join(ls)},{''.join(rs)}->{''.join(outs)}", np.abs(l), np.abs(r)) * np.abs(g)
 
 
 def assert_close_to_f64(y, want, mag, rtol=2e-6):
@@ -131,6 +132,56 @@ def test_nvfp4_global_scales_applied():
     want, mag = np_block_scaled_dot(lhs, rhs, (((1,), (1,)), ((), ())))
     assert_close_to_f64(y, want, mag)
     np.testing.assert_allclose(np.asarray(y), np.asarray(x @ w.T), rtol=0.3, atol=0.05 * float(jnp.abs(x @ w.T).max()))
+
+
+@pytest.mark.parametrize("fmt", [gx.FP8_TENSOR, gx.NVFP4], ids=lambda f: f.name)
+def test_per_example_scales_from_vmap_used_outside_it(fmt):
+    """MoE-style: per-expert weights quantized under vmap carry one per-tensor value per expert
+    (FP8_TENSOR scale, NVFP4 global scale); a batched dot over the expert axis applies each
+    expert's own, equal to the dot taken under vmap and to the float64 math."""
+    scales = jnp.array([1e-3, 1.0, 300.0])[:, None, None]  # very different per-expert ranges
+    x = rand(40, (3, 6, 64)) * scales
+    w = rand(41, (3, 5, 64)) / scales
+    qx = jax.vmap(lambda v: gx.quantize(v, fmt))(x)
+    qw = jax.vmap(lambda v: gx.quantize(v, fmt))(w)
+    per = qx.scale if fmt.per_tensor else qx.global_scale
+    assert per.shape == (3,) and len(set(np.asarray(per).tolist())) == 3
+    dn = (((2,), (2,)), ((0,), (0,)))
+    y = jax.jit(lambda a, b: gx.block_scaled_dot(a, b, dn, preferred_element_type=jnp.float32))(qx, qw)
+    want, mag = np_block_scaled_dot(qx, qw, dn)
+    assert_close_to_f64(y, want, mag)
+    under_vmap = jax.vmap(lambda a, b: gx.block_scaled_dot(a, b, preferred_element_type=jnp.float32))(qx, qw)
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(under_vmap))
+    # a second batch axis after the per-expert one: each expert's value covers its whole slice
+    x2 = jnp.stack([x, -x], axis=1)  # (3, 2, 6, 64)
+    qx2 = jax.vmap(lambda v: gx.quantize(v, fmt))(x2)
+    qw2 = jax.tree_util.tree_map(lambda a: jnp.stack([a, a], axis=1) if a.ndim > 1 else a, qw)
+    dn2 = (((3,), (3,)), ((0, 1), (0, 1)))
+    want2, mag2 = np_block_scaled_dot(qx2, qw2, dn2)
+    assert_close_to_f64(gx.block_scaled_dot(qx2, qw2, dn2, preferred_element_type=jnp.float32), want2, mag2)
+
+
+def test_per_example_scales_must_lead_the_batch_dims():
+    qx = jax.vmap(lambda v: gx.quantize(v, gx.FP8_TENSOR))(rand(42, (3, 6, 64)))
+    qw = gx.quantize(rand(43, (5, 64)), gx.FP8_TENSOR)
+    with pytest.raises(ValueError, match=r"lhs's scale has one value per entry of axes \[0\]"):
+        gx.block_scaled_dot(qx, qw, (((2,), (1,)), ((), ())))  # expert axis is a free dim here
+    qw3 = gx.quantize(rand(44, (3, 5, 64)), gx.FP8_TENSOR)
+    dn = (((2,), (2,)), ((0,), (0,)))
+    assert gx.block_scaled_dot(qx, qw3, dn, preferred_element_type=jnp.float32).shape == (3, 6, 5)
+    bad = gx.BlockScaledArray(qx.data, qx.scale[:2], None, gx.FP8_TENSOR, qx.axis)
+    with pytest.raises(TypeError, match=r"scale float32\[2\]"):
+        gx.block_scaled_dot(bad, qw3, dn)
+    # GPU backends that take one alpha per call say why they pass on per-expert NVFP4 global scales
+    from jax_gpuext import dot_cublaslt, dot_cudnn
+
+    nx = jax.vmap(lambda v: gx.quantize(v, gx.NVFP4))(rand(45, (3, 6, 128)))
+    nw = jax.vmap(lambda v: gx.quantize(v, gx.NVFP4))(rand(46, (3, 8, 128)))
+    p = dot_mod._problem(nx, nw, dn, jnp.dtype(jnp.float32))
+    assert p.batched_global_scale
+    for backend in (dot_cublaslt, dot_cudnn):
+        r = backend.supports(p)
+        assert not r.supported and "per batch entry" in r.reason, r.reason
 
 
 @pytest.mark.gates("jax_scaled_matmul_cpu")
@@ -544,7 +595,8 @@ def test_gpu_cublaslt_executable_compiled_elsewhere_prepares_in_initialize(tmp_p
 @pytest.mark.gpu
 @pytest.mark.gates("fp8_tensor_cores", "cublaslt_dot_built")
 def test_gpu_per_tensor_batched_and_vmapped():
-    """A batched dot shares the one per-tensor scale; under vmap each example has its own."""
+    """A batched dot shares the one per-tensor scale; under vmap each example has its own, and
+    so does a batched dot of operands quantized under vmap."""
     def close(got, want):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-3,
                                    atol=1e-3 * float(jnp.abs(want).max()))
@@ -562,6 +614,9 @@ def test_gpu_per_tensor_batched_and_vmapped():
     vmapped = lambda be: jax.jit(jax.vmap(lambda q: gx.block_scaled_dot(  # noqa: E731
         q, w, preferred_element_type=jnp.float32, backend=be)))
     close(vmapped("cublaslt")(qs), vmapped("reference")(qs))
+    # quantized under vmap, used outside it: per-expert scales become per-batch scale pointers
+    ws = jax.vmap(lambda v: gx.quantize(v, gx.FP8_TENSOR))(rand(38, (4, 64, 128)))
+    close(batched("cublaslt")(qs, ws), batched("reference")(qs, ws))
 
 
 @pytest.mark.gpu

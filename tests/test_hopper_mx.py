@@ -34,8 +34,8 @@ def _dequant64(q, block: int) -> np.ndarray:
     scale = np.asarray(q.scale).astype(np.float64)
     k = data.shape[-1]
     full = np.repeat(scale, block, axis=-1)[..., :k]
-    g = 1.0 if q.global_scale is None else float(np.asarray(q.global_scale, np.float64))
-    return data * full * g
+    g = np.ones(()) if q.global_scale is None else np.asarray(q.global_scale, np.float64)
+    return data * full * g.reshape(g.shape + (1,) * (data.ndim - g.ndim))  # leading dims: vmap's batch
 
 
 def _block(fmt) -> int:
@@ -241,6 +241,20 @@ def test_operand_preparation_is_exact(fmt, k):
     got = _emulate_kernel(a, bb, sa, sb, m, n)
     # exact up to the fp32 rounding of the folded NVFP4 global scales
     np.testing.assert_allclose(got, ref, rtol=0, atol=float(np.max(absdot)) * 1e-6)
+
+
+def test_per_batch_global_scales_fold_into_each_batch():
+    """NVFP4 quantized under vmap and used outside it has one global scale per batch entry; the
+    backend's operand preparation (hopper_mx._prepare, what impl runs) folds each entry's own."""
+    x = jax.random.normal(jax.random.key(12), (3, 9, 64), jnp.float32) * jnp.array([1e-2, 1.0, 50.0])[:, None, None]
+    qa = jax.vmap(lambda v: formats.quantize(v, NVFP4))(x)
+    qb = jax.vmap(lambda v: formats.quantize(v, NVFP4))(jax.random.normal(jax.random.key(13), (3, 6, 64)))
+    assert qa.global_scale.shape == (3,)
+    info = bsd.format_info(NVFP4)
+    a, sa = hopper_mx._prepare(qa, 2, (0,), info)
+    b, sb = hopper_mx._prepare(qb, 2, (0,), info)
+    ref, absdot = _ref64(qa, qb, NVFP4, NVFP4)
+    np.testing.assert_allclose(_emulate_kernel(a, b, sa, sb, 9, 6), ref, rtol=0, atol=float(np.max(absdot)) * 1e-6)
 
 
 def test_e8m0_decoding_covers_the_extremes():
