@@ -89,3 +89,14 @@ ENTRY %main (a: f32[4], b: f32[4]) -> f32[4] {
 }
 """
     assert custom_calls_in_command_buffers(text) == {"gpuext_block_scaled_dot_cublaslt"}
+
+
+def test_every_sanitizer_target_names_collected_tests():
+    """gpu_run.sh runs compute-sanitizer on each line of tests/sanitizer_targets.txt; a typo there
+    would spend scarce GPU minutes on a pytest usage error, so each must collect on CPU."""
+    targets = [t for t in (ROOT / "tests" / "sanitizer_targets.txt").read_text().splitlines() if t.strip()]
+    assert targets
+    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                        *(str(ROOT / "tests" / t) for t in targets)], capture_output=True, text=True,
+                       cwd="/")  # as gpu_run.sh runs them: from /, so the source tree does not shadow the install
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]

@@ -8,6 +8,8 @@
 //    elements, block/8 lanes of a warp share one block and reduce its amax with shuffles.
 //  - QuantizeStrided1d: any other 1-D layout: a thread owns one block column (adjacent threads
 //    take adjacent inner indices, so loads coalesce); it reads its block twice (second time L1/L2).
+//    Packed FP4 here ORs nibbles into aligned words; QuantizeStridedFp4Tail writes the last
+//    (bytes % 4) bytes, whose word would reach past the buffer.
 //  - QuantizeTiles128: FP8_128x128: one 256-thread CTA per tile, 64 values per thread in registers.
 //  - FP8_TENSOR cannot be one pass: no element can be rounded before the whole tensor's amax is
 //    known. Three stream-ordered kernels (no host sync, so CUDA-graph safe): TensorAmax reduces
@@ -110,33 +112,62 @@ __global__ void QuantizeRows1d(QuantizeArgs a, Hoisted h, int64_t chunks_per_row
 }
 
 // Packed FP4 from the strided kernel: neighbouring threads share bytes, so OR nibbles into a
-// zeroed buffer atomically (the rare strided-NVFP4 case pays one memset).
-__device__ __forceinline__ void StoreCodeAtomic(void* data, bool fp4_packed, int64_t i, uint32_t code) {
+// zeroed buffer atomically (the rare strided-NVFP4 case pays one memset). Only bytes below
+// `first_tail_byte` go this way: their aligned 32-bit word lies inside the buffer. The last
+// (bytes % 4) bytes would need a word reaching past the end, so QuantizeStridedFp4Tail writes them.
+__device__ __forceinline__ void StoreCodeStrided(void* data, bool fp4_packed, int64_t first_tail_byte, int64_t i,
+                                                 uint32_t code) {
   if (!fp4_packed) {
     static_cast<uint8_t*>(data)[i] = uint8_t(code);
     return;
   }
   const int64_t byte = i >> 1;
+  if (byte >= first_tail_byte) return;
   const uint32_t shift = uint32_t((byte & 3) * 8 + (i & 1) * 4);
   atomicOr(reinterpret_cast<unsigned int*>(static_cast<uint8_t*>(data) + (byte & ~int64_t(3))), (code & 0xFu) << shift);
 }
 
-__global__ void QuantizeStrided1d(QuantizeArgs a, Hoisted h, int64_t columns) {
+// The scale of block `b` of column (o, i) in the strided layout: the amax over its elements.
+__device__ __forceinline__ BlockScale StridedBlockScale(const QuantizeArgs& a, const Hoisted& h, int64_t o, int64_t b,
+                                                        int64_t i) {
+  const BlockScaledGeometry& g = a.geo;
+  const int64_t begin = b * g.block, end = min(g.k, begin + g.block);
+  uint32_t amax = 0;
+  for (int64_t kk = begin; kk < end; ++kk)
+    amax = max(amax, LoadInputBits(a.x, a.in_type, (o * g.k + kk) * g.inner + i) & kF32AbsMask);
+  return ComputeBlockScale(g.format, a.scale_rounding, amax, GlobalBits(g, h, a.global_scale, o));
+}
+
+__global__ void QuantizeStrided1d(QuantizeArgs a, Hoisted h, int64_t columns, int64_t first_tail_byte) {
   const BlockScaledGeometry& g = a.geo;
   const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= columns) return;
   const int64_t i = t % g.inner, ob = t / g.inner;  // ob = o * blocks_along + b
   const int64_t b = ob % h.blocks_along, o = ob / h.blocks_along;
-  const int64_t begin = b * g.block, end = min(g.k, begin + g.block);
-  uint32_t amax = 0;
-  for (int64_t kk = begin; kk < end; ++kk)
-    amax = max(amax, LoadInputBits(a.x, a.in_type, (o * g.k + kk) * g.inner + i) & kF32AbsMask);
-  const BlockScale s = ComputeBlockScale(g.format, a.scale_rounding, amax, GlobalBits(g, h, a.global_scale, o));
+  const BlockScale s = StridedBlockScale(a, h, o, b, i);
   StoreScale(a.scale, g.format, t, s.stored);
+  const int64_t begin = b * g.block, end = min(g.k, begin + g.block);
   for (int64_t kk = begin; kk < end; ++kk) {
     const int64_t e = (o * g.k + kk) * g.inner + i;
-    StoreCodeAtomic(a.data, g.fp4_packed, e, QuantizeElement(g.format, s, LoadInputBits(a.x, a.in_type, e)));
+    StoreCodeStrided(a.data, g.fp4_packed, first_tail_byte, e,
+                     QuantizeElement(g.format, s, LoadInputBits(a.x, a.in_type, e)));
   }
+}
+
+// Packed FP4, strided: the bytes from `first_tail_byte` to the end (at most 3), one thread per
+// byte writing both nibbles, each element's block scale recomputed (a block is at most 16 reads).
+// Runs after QuantizeStrided1d, which wrote every scale and skipped these bytes.
+__global__ void QuantizeStridedFp4Tail(QuantizeArgs a, Hoisted h, int64_t first_tail_byte, int64_t bytes) {
+  const BlockScaledGeometry& g = a.geo;
+  const int64_t byte = first_tail_byte + threadIdx.x;
+  if (byte >= bytes) return;
+  uint32_t packed = 0;
+  for (int64_t e = 2 * byte; e < min(2 * byte + 2, g.elements()); ++e) {
+    const int64_t i = e % g.inner, kk = (e / g.inner) % g.k, o = e / (g.inner * g.k);
+    const BlockScale s = StridedBlockScale(a, h, o, kk / g.block, i);
+    packed |= (QuantizeElement(g.format, s, LoadInputBits(a.x, a.in_type, e)) & 0xFu) << (4 * (e & 1));
+  }
+  static_cast<uint8_t*>(a.data)[byte] = uint8_t(packed);
 }
 
 constexpr int kTileThreads = 256;  // two threads per tile column, 64 rows each
@@ -345,10 +376,21 @@ Status QuantizeCuda(cudaStream_t stream, const QuantizeArgs& a) {
     GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("QuantizeRows1d");
     return Status::Ok();
   }
-  if (g.fp4_packed) GPUEXT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(a.data, 0, size_t((g.elements() + 1) / 2), stream));
+  const int64_t bytes = (g.elements() + 1) / 2;  // packed FP4
+  int64_t first_tail_byte = bytes;
+  if (g.fp4_packed) {
+    // The atomics address aligned words from the buffer start (XLA aligns buffers far beyond 4).
+    if (!Aligned(a.data, 4)) return Status::Error("packed FP4 output buffer is not 4-byte aligned");
+    first_tail_byte = bytes & ~int64_t(3);
+    GPUEXT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(a.data, 0, size_t(first_tail_byte), stream));
+  }
   const int64_t columns = g.outer * h.blocks_along * g.inner;
-  QuantizeStrided1d<<<unsigned(Blocks(columns, kThreads)), kThreads, 0, stream>>>(a, h, columns);
+  QuantizeStrided1d<<<unsigned(Blocks(columns, kThreads)), kThreads, 0, stream>>>(a, h, columns, first_tail_byte);
   GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("QuantizeStrided1d");
+  if (first_tail_byte < bytes) {
+    QuantizeStridedFp4Tail<<<1, 4, 0, stream>>>(a, h, first_tail_byte, bytes);
+    GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("QuantizeStridedFp4Tail");
+  }
   return Status::Ok();
 }
 

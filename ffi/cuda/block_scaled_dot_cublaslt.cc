@@ -23,6 +23,7 @@
 #include "ffi/common/library_paths.h"
 #include "ffi/common/nvtx.h"
 #include "ffi/common/registry.h"
+#include "ffi/cuda/block_scaled_dot_binding.h"
 
 namespace gpuext {
 namespace {
@@ -125,38 +126,22 @@ ffi::Error BlockScaledDotCublasLtInitialize(int32_t device, ffi::AnyBuffer lhs, 
 
 }  // namespace
 
+// This handler's call frame (block_scaled_dot_binding.h plus its own attributes), for both stages.
+template <typename Binding>
+auto BindCublasLtCall(Binding&& binding) {
+  return BindBlockScaledDotOperands(std::forward<Binding>(binding))
+      .template Attr<int32_t>("lhs_scale_mode")
+      .template Attr<int32_t>("rhs_scale_mode");
+}
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BlockScaledDotCublasLtInitializeFfi, BlockScaledDotCublasLtInitialize,
-                              ffi::Ffi::Bind<ffi::ExecutionStage::kInitialize>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("k")
-                                  .Attr<int32_t>("lhs_type")
-                                  .Attr<int32_t>("rhs_type")
-                                  .Attr<int32_t>("lhs_scale_mode")
-                                  .Attr<int32_t>("rhs_scale_mode"));
+                              BindCublasLtCall(ffi::Ffi::Bind<ffi::ExecutionStage::kInitialize>()
+                                                   .Ctx<ffi::DeviceOrdinal>()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BlockScaledDotCublasLtFfi, BlockScaledDotCublasLtImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("k")
-                                  .Attr<int32_t>("lhs_type")
-                                  .Attr<int32_t>("rhs_type")
-                                  .Attr<int32_t>("lhs_scale_mode")
-                                  .Attr<int32_t>("rhs_scale_mode"),
+                              BindCublasLtCall(ffi::Ffi::Bind()
+                                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                                   .Ctx<ffi::DeviceOrdinal>()),
                               {ffi::Traits::kCmdBufferCompatible});
 
 GPUEXT_REGISTER_FFI_STAGE("gpuext_block_scaled_dot_cublaslt", "initialize", BlockScaledDotCublasLtInitializeFfi);

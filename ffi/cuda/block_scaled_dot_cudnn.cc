@@ -20,6 +20,7 @@
 #include "ffi/common/library_paths.h"
 #include "ffi/common/nvtx.h"
 #include "ffi/common/registry.h"
+#include "ffi/cuda/block_scaled_dot_binding.h"
 
 namespace gpuext {
 namespace {
@@ -131,38 +132,22 @@ ffi::Error BlockScaledDotCudnnInitialize(int32_t device, ffi::AnyBuffer lhs, ffi
 
 }  // namespace
 
+// This handler's call frame (block_scaled_dot_binding.h plus its own attributes), for both stages.
+template <typename Binding>
+auto BindCudnnCall(Binding&& binding) {
+  return BindBlockScaledDotOperands(std::forward<Binding>(binding))
+      .template Attr<int32_t>("fuse_alpha")
+      .template Attr<int32_t>("graph_safe");
+}
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BlockScaledDotCudnnInitializeFfi, BlockScaledDotCudnnInitialize,
-                              ffi::Ffi::Bind<ffi::ExecutionStage::kInitialize>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("k")
-                                  .Attr<int32_t>("lhs_type")
-                                  .Attr<int32_t>("rhs_type")
-                                  .Attr<int32_t>("fuse_alpha")
-                                  .Attr<int32_t>("graph_safe"));
+                              BindCudnnCall(ffi::Ffi::Bind<ffi::ExecutionStage::kInitialize>()
+                                                   .Ctx<ffi::DeviceOrdinal>()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BlockScaledDotCudnnFfi, BlockScaledDotCudnnImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("k")
-                                  .Attr<int32_t>("lhs_type")
-                                  .Attr<int32_t>("rhs_type")
-                                  .Attr<int32_t>("fuse_alpha")
-                                  .Attr<int32_t>("graph_safe"));
+                              BindCudnnCall(ffi::Ffi::Bind()
+                                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                                   .Ctx<ffi::DeviceOrdinal>()));
 
 GPUEXT_REGISTER_FFI_STAGE("gpuext_block_scaled_dot_cudnn", "initialize", BlockScaledDotCudnnInitializeFfi);
 GPUEXT_REGISTER_FFI_TARGET("gpuext_block_scaled_dot_cudnn", BlockScaledDotCudnnFfi);
