@@ -306,7 +306,8 @@ def ffi_call(
     vmap_method: str | None = "sequential",
     selection: backends.Selection | None = None,
     caller: str | None = None,
-    **attributes: Any,
+    attributes: Mapping[str, Any] | None = None,
+    **attrs: Any,
 ):
     """Calls our FFI target ``target`` with its buffers placed in memory spaces.
 
@@ -326,8 +327,10 @@ def ffi_call(
     - ``vmap_method``: "sequential" (default), "broadcast_all" or None (vmap raises).
 
     Attributes are passed to the handler as in ``jax.ffi.ffi_call`` (Python/NumPy scalars,
-    strings, NumPy arrays). Returns one array when ``result_shape_dtypes`` is a single
-    shape/dtype, else a list. Validation errors are raised at trace time.
+    strings, NumPy arrays), as keywords or, for names this function's own keywords take
+    (``strict``, ``caller``, ...), in the ``attributes`` mapping; a name given both ways raises.
+    Returns one array when ``result_shape_dtypes`` is a single shape/dtype, else a list.
+    Validation errors are raised at trace time.
     """
     import jax
 
@@ -363,13 +366,17 @@ def ffi_call(
         if selection is not None:
             backends.note(selection, f"CUDA lowering carries {_describe(op_spaces, res_spaces)}")
 
+    both = sorted(set(attrs) & set(attributes or {}))
+    if both:
+        raise ValueError(f"{op}: attribute(s) {both} given both as keywords and in `attributes`")
+    handler_attrs = {**attrs, **(attributes or {})}
     _ext.ensure_all_registered()
-    attrs = tuple(sorted((k, _Attr(v) if isinstance(v, np.ndarray) else v) for k, v in attributes.items()))
+    attr_items = tuple(sorted((k, _Attr(v) if isinstance(v, np.ndarray) else v) for k, v in handler_attrs.items()))
     outs = _primitive().bind(
         *args, target=target,
         result_avals=tuple((tuple(r.shape), np.dtype(r.dtype)) for r in results),
         operand_spaces=op_spaces, result_spaces=res_spaces, aliases=tuple(sorted(aliases.items())),
-        has_side_effect=bool(has_side_effect), strict=bool(strict), attributes=attrs,
+        has_side_effect=bool(has_side_effect), strict=bool(strict), attributes=attr_items,
         vmap_method=vmap_method, op=op)
     return outs[0] if single else list(outs)
 

@@ -69,6 +69,18 @@ def test_helper_lowers_both_attributes_sorted():
     assert 'results_memory_spaces = "{0:2,1:1}"' in call
 
 
+def test_handler_attributes_named_like_the_helpers_keywords():
+    """Handler attributes called `strict` or `caller` go in `attributes=`; they reach the custom
+    call as attributes, while the helper's own keywords keep their meaning."""
+    x = jnp.ones(4, jnp.float32)
+    text = _lower(lambda x: _fake_call(x, attributes={"strict": np.int32(7), "caller": "me"}, scale=np.float32(2)),
+                  x)
+    (call,) = _calls(text, "gpuext_test_only")
+    assert "strict = 7 : i32" in call and 'caller = "me"' in call and "scale = 2.0" in call
+    with pytest.raises(ValueError, match=r"\['scale'\] given both as keywords and in `attributes`"):
+        _fake_call(x, attributes={"scale": np.float32(1)}, scale=np.float32(2))
+
+
 @needs_memory_spaces
 def test_device_entries_and_negative_indices():
     x = jnp.ones(4, jnp.float32)
