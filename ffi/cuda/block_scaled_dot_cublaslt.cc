@@ -89,59 +89,49 @@ ffi::Error DescribeCall(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale, ffi::AnyBu
   return ffi::Error::Success();
 }
 
-ffi::Error BlockScaledDotCublasLtImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale,
-                                      ffi::AnyBuffer rhs, ffi::AnyBuffer rhs_scale,
-                                      ffi::Buffer<ffi::F32> alpha_beta, ffi::Result<ffi::AnyBuffer> out,
-                                      ffi::Result<ffi::AnyBuffer> workspace, int64_t k, int32_t lhs_type,
-                                      int32_t rhs_type, int32_t lhs_scale_mode, int32_t rhs_scale_mode) {
-  NvtxRange range("gpuext_block_scaled_dot_cublaslt");
+// Both stages of the handler. Initialize makes the handle and the algorithm of this call before
+// XLA runs or records it: trace time normally did (then it is one map lookup); it matters where
+// the trace ran elsewhere (an executable compiled ahead of time, or traced with no GPU attached),
+// so the handle creation and the heuristic never happen on the execute path, inside a graph
+// capture. Execute runs it.
+template <ffi::ExecutionStage kStage>
+ffi::Error BlockScaledDotCublasLt(cudaStream_t stream, int32_t device, ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale,
+                                  ffi::AnyBuffer rhs, ffi::AnyBuffer rhs_scale, ffi::Buffer<ffi::F32> alpha_beta,
+                                  ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace, int64_t k,
+                                  int32_t lhs_type, int32_t rhs_type, int32_t lhs_scale_mode, int32_t rhs_scale_mode) {
   BlockScaledMatmul p;
   const ffi::Error described =
       DescribeCall(lhs, lhs_scale, rhs, rhs_scale, alpha_beta, out, workspace, k, lhs_type, rhs_type,
                    lhs_scale_mode, rhs_scale_mode, &p);
   if (described.failure()) return described;
   if (Empty(p)) return ffi::Error::Success();
-  GPUEXT_FFI_RETURN_IF_ERROR(RunBlockScaledMatmul(LibraryPath("cublaslt"), device, p, stream));
-  return ffi::Error::Success();
-}
-
-// Initialize stage: the handle and the algorithm of this call, before XLA runs or records it.
-// Trace time normally did this already (then it is one map lookup); it matters where the trace
-// ran elsewhere (an executable compiled ahead of time, or traced with no GPU attached), so the
-// handle creation and the heuristic never happen on the execute path, inside a graph capture.
-ffi::Error BlockScaledDotCublasLtInitialize(int32_t device, ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale,
-                                            ffi::AnyBuffer rhs, ffi::AnyBuffer rhs_scale,
-                                            ffi::Buffer<ffi::F32> alpha_beta, ffi::Result<ffi::AnyBuffer> out,
-                                            ffi::Result<ffi::AnyBuffer> workspace, int64_t k, int32_t lhs_type,
-                                            int32_t rhs_type, int32_t lhs_scale_mode, int32_t rhs_scale_mode) {
-  BlockScaledMatmul p;
-  const ffi::Error described =
-      DescribeCall(lhs, lhs_scale, rhs, rhs_scale, alpha_beta, out, workspace, k, lhs_type, rhs_type,
-                   lhs_scale_mode, rhs_scale_mode, &p);
-  if (described.failure()) return described;
-  if (Empty(p)) return ffi::Error::Success();
-  GPUEXT_FFI_RETURN_IF_ERROR(PrepareBlockScaledMatmul(LibraryPath("cublaslt"), device, p));
+  const std::string library = LibraryPath("cublaslt");
+  if constexpr (kStage == ffi::ExecutionStage::kInitialize) {
+    GPUEXT_FFI_RETURN_IF_ERROR(PrepareBlockScaledMatmul(library, device, p));
+  } else {
+    NvtxRange range("gpuext_block_scaled_dot_cublaslt");
+    GPUEXT_FFI_RETURN_IF_ERROR(RunBlockScaledMatmul(library, device, p, stream));
+  }
   return ffi::Error::Success();
 }
 
 }  // namespace
 
-// This handler's call frame (block_scaled_dot_binding.h plus its own attributes), for both stages.
-template <typename Binding>
-auto BindCublasLtCall(Binding&& binding) {
-  return BindBlockScaledDotOperands(std::forward<Binding>(binding))
+// This handler's call frame (block_scaled_dot_binding.h plus its own attributes), for either stage.
+template <ffi::ExecutionStage kStage>
+auto BindCublasLtCall() {
+  return BindBlockScaledDotOperands<kStage>()
       .template Attr<int32_t>("lhs_scale_mode")
       .template Attr<int32_t>("rhs_scale_mode");
 }
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(BlockScaledDotCublasLtInitializeFfi, BlockScaledDotCublasLtInitialize,
-                              BindCublasLtCall(ffi::Ffi::Bind<ffi::ExecutionStage::kInitialize>()
-                                                   .Ctx<ffi::DeviceOrdinal>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BlockScaledDotCublasLtInitializeFfi,
+                              BlockScaledDotCublasLt<ffi::ExecutionStage::kInitialize>,
+                              BindCublasLtCall<ffi::ExecutionStage::kInitialize>());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(BlockScaledDotCublasLtFfi, BlockScaledDotCublasLtImpl,
-                              BindCublasLtCall(ffi::Ffi::Bind()
-                                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                                   .Ctx<ffi::DeviceOrdinal>()),
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BlockScaledDotCublasLtFfi,
+                              BlockScaledDotCublasLt<ffi::ExecutionStage::kExecute>,
+                              BindCublasLtCall<ffi::ExecutionStage::kExecute>(),
                               {ffi::Traits::kCmdBufferCompatible});
 
 GPUEXT_REGISTER_FFI_STAGE("gpuext_block_scaled_dot_cublaslt", "initialize", BlockScaledDotCublasLtInitializeFfi);

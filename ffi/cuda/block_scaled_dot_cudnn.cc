@@ -95,59 +95,49 @@ ffi::Error DescribeCall(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale, ffi::AnyBu
   return ffi::Error::Success();
 }
 
-ffi::Error BlockScaledDotCudnnImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale,
-                                   ffi::AnyBuffer rhs, ffi::AnyBuffer rhs_scale, ffi::Buffer<ffi::F32> alpha,
-                                   ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace, int64_t k,
-                                   int32_t lhs_type, int32_t rhs_type, int32_t fuse_alpha, int32_t graph_safe) {
-  NvtxRange range("gpuext_block_scaled_dot_cudnn");
+// Both stages of the handler. Initialize builds this call's graph before XLA runs the call:
+// trace time normally built it already (then this is one cache lookup); it matters where the
+// trace ran elsewhere (an executable compiled ahead of time), so graph building (seconds, with
+// cuDNN's own allocations) never happens on the execute path. Execute runs it.
+template <ffi::ExecutionStage kStage>
+ffi::Error BlockScaledDotCudnn(cudaStream_t stream, int32_t device, ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale,
+                               ffi::AnyBuffer rhs, ffi::AnyBuffer rhs_scale, ffi::Buffer<ffi::F32> alpha,
+                               ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace, int64_t k,
+                               int32_t lhs_type, int32_t rhs_type, int32_t fuse_alpha, int32_t graph_safe) {
   CudnnBlockScaledMatmul p;
   const ffi::Error described =
       DescribeCall(lhs, lhs_scale, rhs, rhs_scale, alpha, out, workspace, k, lhs_type, rhs_type, fuse_alpha,
                    graph_safe, &p);
   if (described.failure()) return described;
   if (Empty(p)) return ffi::Error::Success();
-  GPUEXT_FFI_RETURN_IF_ERROR(RunCudnnBlockScaledMatmul(LibraryPath("cudnn"), device, p, stream));
-  return ffi::Error::Success();
-}
-
-// Initialize stage: builds this call's graph before XLA runs the call. Trace time normally built
-// it already (then this is one cache lookup); it matters where the trace ran elsewhere (an
-// executable compiled ahead of time), so graph building (seconds, with cuDNN's own allocations)
-// never happens on the execute path.
-ffi::Error BlockScaledDotCudnnInitialize(int32_t device, ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale,
-                                         ffi::AnyBuffer rhs, ffi::AnyBuffer rhs_scale, ffi::Buffer<ffi::F32> alpha,
-                                         ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace,
-                                         int64_t k, int32_t lhs_type, int32_t rhs_type, int32_t fuse_alpha,
-                                         int32_t graph_safe) {
-  CudnnBlockScaledMatmul p;
-  const ffi::Error described =
-      DescribeCall(lhs, lhs_scale, rhs, rhs_scale, alpha, out, workspace, k, lhs_type, rhs_type, fuse_alpha,
-                   graph_safe, &p);
-  if (described.failure()) return described;
-  if (Empty(p)) return ffi::Error::Success();
-  int64_t plan_workspace = 0;
-  GPUEXT_FFI_RETURN_IF_ERROR(PrepareCudnnBlockScaledMatmul(LibraryPath("cudnn"), device, p, &plan_workspace));
+  const std::string library = LibraryPath("cudnn");
+  if constexpr (kStage == ffi::ExecutionStage::kInitialize) {
+    int64_t plan_workspace = 0;
+    GPUEXT_FFI_RETURN_IF_ERROR(PrepareCudnnBlockScaledMatmul(library, device, p, &plan_workspace));
+  } else {
+    NvtxRange range("gpuext_block_scaled_dot_cudnn");
+    GPUEXT_FFI_RETURN_IF_ERROR(RunCudnnBlockScaledMatmul(library, device, p, stream));
+  }
   return ffi::Error::Success();
 }
 
 }  // namespace
 
-// This handler's call frame (block_scaled_dot_binding.h plus its own attributes), for both stages.
-template <typename Binding>
-auto BindCudnnCall(Binding&& binding) {
-  return BindBlockScaledDotOperands(std::forward<Binding>(binding))
+// This handler's call frame (block_scaled_dot_binding.h plus its own attributes), for either stage.
+template <ffi::ExecutionStage kStage>
+auto BindCudnnCall() {
+  return BindBlockScaledDotOperands<kStage>()
       .template Attr<int32_t>("fuse_alpha")
       .template Attr<int32_t>("graph_safe");
 }
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(BlockScaledDotCudnnInitializeFfi, BlockScaledDotCudnnInitialize,
-                              BindCudnnCall(ffi::Ffi::Bind<ffi::ExecutionStage::kInitialize>()
-                                                   .Ctx<ffi::DeviceOrdinal>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BlockScaledDotCudnnInitializeFfi,
+                              BlockScaledDotCudnn<ffi::ExecutionStage::kInitialize>,
+                              BindCudnnCall<ffi::ExecutionStage::kInitialize>());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(BlockScaledDotCudnnFfi, BlockScaledDotCudnnImpl,
-                              BindCudnnCall(ffi::Ffi::Bind()
-                                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                                   .Ctx<ffi::DeviceOrdinal>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BlockScaledDotCudnnFfi,
+                              BlockScaledDotCudnn<ffi::ExecutionStage::kExecute>,
+                              BindCudnnCall<ffi::ExecutionStage::kExecute>());
 
 GPUEXT_REGISTER_FFI_STAGE("gpuext_block_scaled_dot_cudnn", "initialize", BlockScaledDotCudnnInitializeFfi);
 GPUEXT_REGISTER_FFI_TARGET("gpuext_block_scaled_dot_cudnn", BlockScaledDotCudnnFfi);
