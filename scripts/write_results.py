@@ -3,6 +3,10 @@
 Every benchmark writes ``{"benchmark": name, "rows": [{column: value, ...}], "notes": [...]}``;
 this file adds provenance (device, driver, versions, commit) and the GPU test outcome, and renders
 every number as a markdown table.
+
+The run's logs stay on the GPU machine, so whatever explains a failure is copied in here: each
+failed test's pytest error lines, each skip's reason, a failed benchmark's exit status and log
+tail, and compute-sanitizer's report lines.
 """
 
 from __future__ import annotations
@@ -30,11 +34,41 @@ def _nvidia_smi() -> dict:
     return dict(zip(fields.split(","), [v.strip() for v in out[0].split(",")]))
 
 
+MAX_DETAIL_CHARS = 2000  # per failed test: enough for the assertion and where it fired
+LOG_TAIL_LINES = 25
+
+
+def _case_detail(case: ET.Element, tag: str) -> str:
+    """Why a test failed or was skipped: the junit message, pytest's `E ` lines and the line
+    that names the file and line where it fired."""
+    el = case.find(tag)
+    message = (el.get("message") or "").strip()
+    if tag == "skipped":
+        return message[:300]
+    lines = (el.text or "").splitlines()
+    errors = [ln.rstrip() for ln in lines if ln.startswith("E ")][:15]
+    frames = [ln.strip() for ln in lines if re.match(r"\S+:\d+: \S", ln.strip())]  # "path:line: in f" / ": Error"
+    where = [f for f in frames if "tests/" in f][:1] + frames[-1:]  # the test's own line, where it raised
+    text = "\n".join([message.splitlines()[0] if message else ""] + errors + list(dict.fromkeys(where))).strip()
+    return text[:MAX_DETAIL_CHARS]
+
+
+def _exits(path: str) -> dict[str, int]:
+    """gpu_run.sh's `<step> <exit status>` lines."""
+    return {name: int(rc) for name, rc in (line.rsplit(" ", 1) for line in _lines(path))}
+
+
 def _tests(work: str) -> dict:
-    """Every gpu-tests*.xml (one per pytest group of gpu_run.sh), merged."""
+    """Every gpu-tests*.xml (one per pytest group of gpu_run.sh), merged. A group that hit its
+    bound or left no junit file (killed in a hung kernel) keeps its exit status and log tail: the
+    verbose log ends with the test that was running."""
     paths = sorted(glob.glob(os.path.join(work, "gpu-tests*.xml")))
+    exits = _exits(os.path.join(work, "test_exits.txt"))
+    cut_short = [{"group": name, "exit_status": rc, "log_tail": _tail(os.path.join(work, f"gpu-tests-{name}.txt"))}
+                 for name, rc in exits.items()
+                 if rc in (124, 137) or not os.path.exists(os.path.join(work, f"gpu-tests-{name}.xml"))]
     if not paths:
-        return {"ran": False}
+        return {"ran": bool(exits), "group_exits": exits, "cut_short": cut_short} if exits else {"ran": False}
     counts = {k: 0 for k in ("tests", "failures", "errors", "skipped")}
     cases = []
     for path in paths:
@@ -43,17 +77,72 @@ def _tests(work: str) -> dict:
         for k in counts:
             counts[k] += int(suite.get(k, 0))
         for case in suite.iter("testcase"):
+            if case.get("name") is None:  # pytest's placeholder for the test a SIGINT interrupted
+                continue
             outcome = "passed"
             for tag in ("failure", "error", "skipped"):
                 if case.find(tag) is not None:
                     outcome = tag
-            cases.append({"test": f"{case.get('classname')}::{case.get('name')}", "outcome": outcome,
-                          "seconds": float(case.get("time", 0))})
-    return {"ran": True, **counts, "cases": cases, "groups": [os.path.basename(p) for p in paths]}
+            entry = {"test": f"{case.get('classname')}::{case.get('name')}", "outcome": outcome,
+                     "seconds": float(case.get("time", 0))}
+            if outcome != "passed":
+                entry["detail"] = _case_detail(case, outcome)
+            cases.append(entry)
+    return {"ran": True, **counts, "cases": cases, "groups": [os.path.basename(p) for p in paths],
+            "group_exits": exits, "cut_short": cut_short}
 
 
 def _lines(path: str) -> list[str]:
     return [ln.strip() for ln in open(path) if ln.strip()] if os.path.exists(path) else []
+
+
+def _tail(path: str, n: int = LOG_TAIL_LINES) -> list[str]:
+    return [ln.rstrip() for ln in open(path, errors="replace")][-n:] if os.path.exists(path) else []
+
+
+def _benchmarks(work: str) -> list[dict]:
+    """Every benchmark's JSON, in the order the steps ran, each with its exit status; a step that
+    failed keeps its log's tail (with or without the rows it saved before failing)."""
+    exits = _exits(os.path.join(work, "bench_exits.txt"))
+    found = [os.path.splitext(os.path.basename(p))[0] for p in
+             sorted(glob.glob(os.path.join(work, "bench_*.json")) + glob.glob(os.path.join(work, "probe_*.json")))]
+    benches = []
+    for name in list(exits) + [f for f in found if f not in exits]:
+        path = os.path.join(work, name + ".json")
+        if os.path.exists(path):
+            try:
+                b = json.load(open(path))
+            except json.JSONDecodeError as e:
+                b = {"benchmark": name, "error": f"{os.path.basename(path)}: {e}", "rows": []}
+        else:
+            b = {"benchmark": name, "error": "wrote no results", "rows": []}
+        if name in exits:
+            b["exit_status"] = exits[name]
+            if exits[name] != 0:
+                b["log_tail"] = _tail(os.path.join(work, name + ".txt"))
+                if exits[name] == 124:
+                    b["error"] = (b.get("error", "") + "; timed out (the step's bound)").lstrip("; ")
+        benches.append(b)
+    return benches
+
+
+def _sanitizer_reports(work: str) -> dict:
+    """For every compute-sanitizer run that was not clean (errors found, tests failed, or the run
+    broke off): the sanitizer's own lines (those starting `=========`) and the log's last lines.
+    Clean runs are left out; sanitizer.txt lists every run's exit status."""
+    reports = {}
+    for path in sorted(glob.glob(os.path.join(work, "sanitizer-*.txt"))):
+        lines = [ln.rstrip() for ln in open(path, errors="replace")]
+        own = [ln for ln in lines if ln.startswith("=========")]
+        summary = next((ln for ln in reversed(own) if "ERROR SUMMARY" in ln), "")
+        outcome = next((ln for ln in reversed(lines) if not ln.startswith("=========")
+                        and re.search(r"\d+ (passed|failed|error)", ln)), "")
+        if "ERROR SUMMARY: 0 errors" in summary and "passed" in outcome and not re.search("failed|error", outcome):
+            continue
+        if len(own) > 60:  # keep the first reports and the summary that ends them
+            own = own[:58] + [f"... {len(own) - 59} more sanitizer lines ..."] + own[-1:]
+        reports[os.path.basename(path)] = own + [ln for ln in lines[-10:] if not ln.startswith("=========")]
+    return reports
 
 
 def _table(rows: list[dict]) -> str:
@@ -75,13 +164,7 @@ def main() -> None:
 
     info = json.load(open(os.path.join(args.work, "info.json")))
     smi = _nvidia_smi()
-    benches = []
-    for path in sorted(glob.glob(os.path.join(args.work, "bench_*.json")) +
-                       glob.glob(os.path.join(args.work, "probe_*.json"))):
-        try:
-            benches.append(json.load(open(path)))
-        except json.JSONDecodeError as e:
-            benches.append({"benchmark": os.path.basename(path), "error": str(e), "rows": []})
+    benches = _benchmarks(args.work)
     sanitizer = open(os.path.join(args.work, "sanitizer.txt")).read() if os.path.exists(
         os.path.join(args.work, "sanitizer.txt")) else None
     device = re.sub(r"[^A-Za-z0-9]+", "-", smi.get("name", "unknown-gpu")).strip("-").lower()
@@ -96,6 +179,7 @@ def main() -> None:
         "gates": {k: [v["supported"], v["reason"]] for k, v in info["gates"].items()},
         "gpu_tests": _tests(args.work) | {"exit_status": args.tests_status},
         "sanitizer": sanitizer,
+        "sanitizer_reports": _sanitizer_reports(args.work),
         "not_run": _lines(os.path.join(args.work, "skipped.txt")),
         "benchmarks": benches,
     }
@@ -119,18 +203,38 @@ def main() -> None:
           ""]
     t = result["gpu_tests"]
     if t.get("ran"):
+        cases = t.get("cases", [])
         md += ["## GPU tests", "",
-               f"{t['tests']} tests, {t['failures']} failures, {t['errors']} errors, {t['skipped']} skipped "
-               f"(exit status {t['exit_status']})", "", _table([{k: c[k] for k in ("test", "outcome", "seconds")}
-                                                               for c in t["cases"]]), ""]
+               f"{t.get('tests', 0)} tests, {t.get('failures', 0)} failures, {t.get('errors', 0)} errors, "
+               f"{t.get('skipped', 0)} skipped (exit status {t['exit_status']}; per group: "
+               + ", ".join(f"{g} {rc}" for g, rc in t["group_exits"].items()) + ")", ""]
+        if cases:
+            md += [_table([{k: c[k] for k in ("test", "outcome", "seconds")} for c in cases]), ""]
+        for g in t["cut_short"]:
+            md += [f"### Group `{g['group']}` was cut short (exit status {g['exit_status']}); its log ends", "",
+                   "```", *g["log_tail"], "```", ""]
+        failed = [c for c in cases if c["outcome"] in ("failure", "error")]
+        if failed:
+            md += ["### Why they failed", ""]
+            for c in failed:
+                md += [f"`{c['test']}` ({c['outcome']})", "", "```", c.get("detail") or "(no message)", "```", ""]
+        skipped = [c for c in cases if c["outcome"] == "skipped"]
+        if skipped:
+            md += ["### Why they were skipped", ""] + [f"- `{c['test']}`: {c.get('detail', '')}" for c in skipped] + [""]
     if sanitizer:
         md += ["## compute-sanitizer", "", "```", sanitizer.strip(), "```", ""]
+    for name, lines in result["sanitizer_reports"].items():
+        md += [f"### {name}", "", "```", *lines, "```", ""]
     if result["not_run"]:
-        md += ["## Not run (time budget)", ""] + [f"- {s}" for s in result["not_run"]] + [""]
+        md += ["## Not run", ""] + [f"- {s}" for s in result["not_run"]] + [""]
     for b in benches:
         md += [f"## {b.get('benchmark')}", ""]
+        if b.get("exit_status"):
+            md += [f"exit status {b['exit_status']}", ""]
         if b.get("error"):
             md += [f"error: {b['error']}", ""]
+        if b.get("log_tail"):
+            md += ["```", *b["log_tail"], "```", ""]
         if b.get("rows"):
             md += [_table(b["rows"]), ""]
         md += [f"- {n}" for n in b.get("notes", [])] + [""]
