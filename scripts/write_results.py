@@ -49,7 +49,8 @@ def _case_detail(case: ET.Element, tag: str) -> str:
     errors = [ln.rstrip() for ln in lines if ln.startswith("E ")][:15]
     frames = [ln.strip() for ln in lines if re.match(r"\S+:\d+: \S", ln.strip())]  # "path:line: in f" / ": Error"
     where = [f for f in frames if "tests/" in f][:1] + frames[-1:]  # the test's own line, where it raised
-    text = "\n".join([message.splitlines()[0] if message else ""] + errors + list(dict.fromkeys(where))).strip()
+    head = errors or message.splitlines()[:1]  # the junit message repeats the first `E ` line
+    text = "\n".join(head + list(dict.fromkeys(where))).strip()
     return text[:MAX_DETAIL_CHARS]
 
 
@@ -67,8 +68,8 @@ def _tests(work: str) -> dict:
     cut_short = [{"group": name, "exit_status": rc, "log_tail": _tail(os.path.join(work, f"gpu-tests-{name}.txt"))}
                  for name, rc in exits.items()
                  if rc in (124, 137) or not os.path.exists(os.path.join(work, f"gpu-tests-{name}.xml"))]
-    if not paths:
-        return {"ran": bool(exits), "group_exits": exits, "cut_short": cut_short} if exits else {"ran": False}
+    if not paths and not exits:
+        return {"ran": False}
     counts = {k: 0 for k in ("tests", "failures", "errors", "skipped")}
     cases = []
     for path in paths:
@@ -203,10 +204,10 @@ def main() -> None:
           ""]
     t = result["gpu_tests"]
     if t.get("ran"):
-        cases = t.get("cases", [])
+        cases = t["cases"]
         md += ["## GPU tests", "",
-               f"{t.get('tests', 0)} tests, {t.get('failures', 0)} failures, {t.get('errors', 0)} errors, "
-               f"{t.get('skipped', 0)} skipped (exit status {t['exit_status']}; per group: "
+               f"{t['tests']} tests, {t['failures']} failures, {t['errors']} errors, "
+               f"{t['skipped']} skipped (exit status {t['exit_status']}; per group: "
                + ", ".join(f"{g} {rc}" for g, rc in t["group_exits"].items()) + ")", ""]
         if cases:
             md += [_table([{k: c[k] for k in ("test", "outcome", "seconds")} for c in cases]), ""]
