@@ -12,7 +12,7 @@ Backends of op ``block_scaled_dot``, in preference order (``jax_gpuext.explain``
 - ``cudnn``: Blackwell MXFP8 / NVFP4 through a cuDNN graph (``dot_cudnn.py``).
 - ``cublaslt``: Hopper FP8 1x128 x 128x128 (and 1x128 x 1x128), per-tensor FP8 (FP8_TENSOR) on
   any FP8 GPU, and Blackwell MXFP8 / NVFP4 (``dot_cublaslt.py``).
-- ``hopper_mx``: our own sm_90a kernel, MXFP8 and NVFP4 on Hopper's FP8 tensor cores
+- ``hopper_mx``: our own sm_90a kernel, MXFP8 / MXFP4 (any pairing) and NVFP4 on Hopper's FP8 tensor cores
   (``hopper_mx.py``, ``csrc/hopper_mx/``).
 - ``reference``: dequantize + ``lax.dot_general`` in float32; every platform.
 
@@ -67,6 +67,12 @@ def format_info(fmt) -> FormatInfo:
     family = "mx" if fmt.is_mx else ("nvfp4" if fmt.has_global_scale else "fp8_block")
     return FormatInfo(fmt.name, family, jnp.dtype(fmt.elem_dtype), jnp.dtype(fmt.scale_dtype), fmt.block[-1],
                       len(fmt.block) == 2)
+
+
+def mx_fp4_operand(p) -> bool:
+    """Does an MX-family dot have an MXFP4 (E2M1) operand? The library handlers tie E2M1 to NVFP4."""
+    e2m1 = jnp.dtype(jnp.float4_e2m1fn)
+    return p.lhs_format.family == "mx" and e2m1 in (p.lhs_format.element_dtype, p.rhs_format.element_dtype)
 
 
 def _is_bsa(x) -> bool:
@@ -160,7 +166,7 @@ def _problem(lhs, rhs, dimension_numbers, out_dtype) -> DotProblem:
                          f"axis), got {dimension_numbers!r} for lhs {ls}, rhs {rs}")
     if lf.family != rf.family:
         raise ValueError(f"{what}: formats {lf.name} (lhs) and {rf.name} (rhs) cannot be mixed; both operands "
-                         "must be MXFP8 (E4M3/E5M2), both NVFP4, both FP8 blockwise (1x128/128x128), or both "
+                         "must be MX (MXFP8 E4M3/E5M2, MXFP4: any pairing), both NVFP4, both FP8 blockwise (1x128/128x128), or both "
                          "FP8_TENSOR")
     for name, f, shape, c, batch, axis in (("lhs", lf, ls, lc[0], lb, la), ("rhs", rf, rs, rc[0], rb, ra)):
         if f.two_d:
@@ -343,7 +349,7 @@ def _register_backends() -> None:
     hopper_mx.register()  # issue 5: our sm_90a MXFP8/NVFP4 kernel
     backends.register(OP, backends.Backend(
         "reference", ("cpu", "cuda"), (), "dequantize to float32, then lax.dot_general (the semantic definition)",
-        takes="every format pair of one family, any shape"))
+        takes="every format pair of one family (MX: MXFP8 E4M3/E5M2 and MXFP4 in any pairing), any shape"))
 
 
 _register_backends()
@@ -374,7 +380,7 @@ def block_scaled_dot(lhs, rhs, dimension_numbers=None, *, preferred_element_type
 # and random Hadamard transforms to converge (NVIDIA's NVFP4 recipe), which we do not implement.
 # FP8_TENSOR trains in E4M3 both ways (we have no per-tensor E5M2 format; its scale, recomputed
 # from each cotangent's amax every step, leaves E5M2's extra range little to do).
-_DEFAULT_GRAD = {"MXFP8_E4M3": "MXFP8_E5M2", "MXFP8_E5M2": "MXFP8_E5M2", "NVFP4": "MXFP8_E5M2",
+_DEFAULT_GRAD = {"MXFP8_E4M3": "MXFP8_E5M2", "MXFP8_E5M2": "MXFP8_E5M2", "MXFP4": "MXFP8_E5M2", "NVFP4": "MXFP8_E5M2",
                  "FP8_1x128": "FP8_1x128", "FP8_128x128": "FP8_1x128", "FP8_TENSOR": "FP8_TENSOR"}
 _FAMILY_E4M3 = {"mx": "MXFP8_E4M3", "nvfp4": "NVFP4", "fp8_block": "FP8_1x128", "fp8_tensor": "FP8_TENSOR"}
 
@@ -469,7 +475,7 @@ def scaled_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_el
     is the format's. ``out_sharding`` (as in ``lax.dot_general``, which Flax >= 0.12 passes) is
     applied to the result as a sharding constraint. The backward pass quantizes the cotangent
     with ``grad_format`` (default
-    MXFP8_E5M2 for MXFP8 and NVFP4, FP8_1x128 for FP8 blockwise, FP8_TENSOR for FP8_TENSOR) and
+    MXFP8_E5M2 for MXFP8, MXFP4 and NVFP4, FP8_1x128 for FP8 blockwise, FP8_TENSOR for FP8_TENSOR) and
     re-quantizes the saved operands along the backward contracting axes (see ``recipe``).
     """
     del precision

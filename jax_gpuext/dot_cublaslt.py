@@ -81,6 +81,10 @@ def supports(p) -> GateResult:
         if k % 16 or n % 16:  # FP8 kernels need 16-byte aligned operand rows and output rows
             return GateResult(False, f"per-tensor FP8 needs K and N multiples of 16, got K={k}, N={n}")
     elif fam in ("mx", "nvfp4"):
+        if _dot.mx_fp4_operand(p):
+            return GateResult(False, f"{p.lhs_format.name} x {p.rhs_format.name}: the handler maps E2M1 to NVFP4's "
+                                     "VEC16_UE4M3 only; cuBLASLt's E2M1 with VEC32_UE8M0 (MXFP4) and FP8 x FP4 "
+                                     "operand pairs are not wired or GPU-tested (hopper_mx and the reference take them)")
         r = gates.check_all(["blackwell", "cublaslt_mx_scales"])
         if not r.supported:
             return GateResult(False, f"MXFP8/NVFP4 tensor-core scaling needs Blackwell and cuBLAS >= 12.8.4 "

@@ -32,6 +32,10 @@ def supports(p) -> GateResult:
     fam = p.lhs_format.family
     if fam not in ("mx", "nvfp4"):
         return GateResult(False, f"cuDNN block_scale_dequantize takes MXFP8/NVFP4, not {p.lhs_format.name}")
+    if _dot.mx_fp4_operand(p):
+        return GateResult(False, f"{p.lhs_format.name} x {p.rhs_format.name}: the cuDNN handler builds E2M1 "
+                                 "operands as NVFP4 (16-blocks, E4M3 scales); an MXFP4 graph (E2M1 with E8M0 per "
+                                 "32) needs a scale-type attribute it does not have yet")
     b, m, n, k = p.bmnk
     if k % 128:  # whole 4-wide columns of the 128x4 scale tiles, and 16-byte aligned FP4 rows
         return GateResult(False, f"K={k} is not a multiple of 128")

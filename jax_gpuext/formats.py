@@ -1,4 +1,4 @@
-"""Block-scaled formats: MXFP8 (E4M3 / E5M2), NVFP4, FP8 blockwise (1x128, 128x128) and
+"""Block-scaled formats: MXFP8 (E4M3 / E5M2), MXFP4, NVFP4, FP8 blockwise (1x128, 128x128) and
 per-tensor FP8 (FP8_TENSOR: the FP8 blockwise rule with the whole tensor as the block).
 
 ``quantize(x, fmt)`` returns a :class:`BlockScaledArray` (data, per-block scales, optional
@@ -68,7 +68,11 @@ FP8_1x128 = BlockFormat("FP8_1x128", jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp
 FP8_128x128 = BlockFormat("FP8_128x128", jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float32), (128, 128), 4)
 # Per-tensor FP8 ("current scaling"): what cuBLASLt's SCALAR_32F mode multiplies in on any FP8 GPU.
 FP8_TENSOR = BlockFormat("FP8_TENSOR", jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float32), (), 5)
-FORMATS = {f.name: f for f in (MXFP8_E4M3, MXFP8_E5M2, NVFP4, FP8_1x128, FP8_128x128, FP8_TENSOR)}
+# OCP MX v1.0 MXFP4: E2M1 elements, one E8M0 scale per 32 (gpt-oss weights); packed like NVFP4.
+MXFP4 = BlockFormat("MXFP4", jnp.dtype(jnp.float4_e2m1fn), jnp.dtype(jnp.float8_e8m0fnu), (32,), 6)
+FORMATS = {f.name: f for f in (MXFP8_E4M3, MXFP8_E5M2, NVFP4, FP8_1x128, FP8_128x128, FP8_TENSOR, MXFP4)}
+# The element name of each MX format in _formats_reference.ELEMENTS.
+_MX_ELEMENTS = {"MXFP8_E4M3": "e4m3", "MXFP8_E5M2": "e5m2", "MXFP4": "e2m1"}
 _ROUNDING_CODES = {"up": 0, "ocp": 1}
 # How XLA lays out float4_e2m1fn buffers, per platform: False = one value per byte (low nibble),
 # True = two per byte, element 2i in the low nibble. FFI buffers cannot tell (their size_bytes()
@@ -271,7 +275,7 @@ def _broadcast_leading(g, ndim: int):
 
 def _quantize_blocks(bits, amax, fmt: BlockFormat, rounding: str, g_bits):
     if fmt.is_mx:
-        return ref.mx_quantize_blocks(bits, amax, "e4m3" if fmt is MXFP8_E4M3 else "e5m2", rounding)
+        return ref.mx_quantize_blocks(bits, amax, _MX_ELEMENTS[fmt.name], rounding)
     if fmt.has_global_scale:
         return ref.nvfp4_quantize_blocks(bits, amax, g_bits)
     return ref.fp8_blockwise_quantize_blocks(bits, amax)
@@ -380,7 +384,7 @@ def _dequantize_reference(q: BlockScaledArray, dtype):
     codes = _elements_to_codes(q.data)
     scale = _expand_scale(_scale_to_bits(q.scale), fmt, q.axis, q.data.shape)
     if fmt.is_mx:
-        y = ref.mx_dequantize_blocks(codes, scale, "e4m3" if fmt is MXFP8_E4M3 else "e5m2", out)
+        y = ref.mx_dequantize_blocks(codes, scale, _MX_ELEMENTS[fmt.name], out)
     elif fmt.has_global_scale:
         g_bits = _broadcast_leading(lax.bitcast_convert_type(q.global_scale.astype(jnp.float32), jnp.uint32),
                                     codes.ndim)

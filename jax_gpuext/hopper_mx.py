@@ -7,7 +7,8 @@ accumulator, then ``acc += partial * s_a[m] * s_b[n]`` (docs/design.md, "hopper_
 
 What this module does in XLA before the custom call (all exact):
 
-- MXFP8: E8M0 scales -> float32 on their bit patterns (2^(e-127); e = 0 -> 2^-127, e = 255 ->
+- MXFP8 / MXFP4 (any pairing): MXFP4's E2M1 elements widen to E4M3 exactly (same block, same
+  scale). E8M0 scales -> float32 on their bit patterns (2^(e-127); e = 0 -> 2^-127, e = 255 ->
   NaN), transposed to ``(B, K/32, round_up(M, 4))`` so the kernel's TMA boxes are 16-byte rows.
 - NVFP4: 16-element blocks do not fit a k32 instruction, whose 32 products share one scale.
   Each E2M1 element is widened to E4M3 (every E2M1 value is exact in E4M3) and every 16-block
@@ -51,7 +52,7 @@ TILE_CONFIGS = {"m128n128": (0, 128, 128), "m64n128": (1, 64, 128), "m128n64": (
 AUTOTUNE_ENV = "JAX_GPUEXT_HOPPER_MX_AUTOTUNE"
 CACHE_ENV = "JAX_GPUEXT_CACHE_DIR"
 _H100_SMS = 132  # default_config's assumption when no device is queried (H100 SXM)
-_E4M3, _E5M2 = jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2)
+_E4M3, _E5M2, _E2M1 = jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2), jnp.dtype(jnp.float4_e2m1fn)
 _MAX_DIM = 2**31 - 1
 
 
@@ -70,7 +71,7 @@ def supports(p) -> GateResult:
     """Problem check of the backend; gates (Hopper, extension, driver) are checked separately."""
     fam = p.lhs_format.family
     if fam not in ("mx", "nvfp4"):
-        return GateResult(False, f"{p.lhs_format.name} x {p.rhs_format.name}: hopper_mx runs MXFP8 and NVFP4 "
+        return GateResult(False, f"{p.lhs_format.name} x {p.rhs_format.name}: hopper_mx runs MXFP8, MXFP4 and NVFP4 "
                                  "only (FP8 blockwise goes to cuBLASLt)")
     if p.rhs_format.family != fam:
         return GateResult(False, "lhs and rhs formats must be of one family")
@@ -130,7 +131,11 @@ def _pad_k(data, multiple: int):
 
 
 def prepare_mx(data, scale):
-    """Canonical MXFP8 (B, X, K) data, (B, X, ceil(K/32)) E8M0 scales -> kernel operands."""
+    """Canonical MX (B, X, K) data, (B, X, ceil(K/32)) E8M0 scales -> kernel operands. MXFP4's
+    E2M1 elements are widened to E4M3 first: every E2M1 value (0, 0.5 ... 6) is an E4M3 normal,
+    so the widening is exact and the block (32) and its scale stay as they are."""
+    if data.dtype == jnp.float4_e2m1fn:
+        data = data.astype(jnp.float32).astype(jnp.float8_e4m3fn)
     return _pad_k(data, BLOCK), _scales_for_kernel(e8m0_to_f32(scale))
 
 
@@ -242,6 +247,8 @@ def impl(lhs, rhs, p, sel, config: str | None = None):
         config, source = choose_config(a.shape[0], a.shape[1], b.shape[1], a.shape[2], a.dtype, b.dtype,
                                        p.out_dtype)
         backends.note(sel, f"tile config {config} ({source})")
+    if _E2M1 in (p.lhs_format.element_dtype, p.rhs_format.element_dtype) and p.lhs_format.family == "mx":
+        backends.note(sel, "MXFP4 E2M1 elements widened to E4M3 (exact), 32-blocks and E8M0 scales unchanged")
     if p.lhs_format.family == "nvfp4":
         backends.note(sel, "NVFP4 widened to E4M3 with zero-padded 16-blocks (2x tensor-core work); "
                            "global scales folded into the block scales")
@@ -283,6 +290,6 @@ def register() -> None:
     _dot.register_impl("hopper_mx", backends.Backend(
         "hopper_mx", ("cuda",), ("cuda_extension", "cuda_device", "cuda_driver", "hopper"),
         "our sm_90a kernel: FP8 wgmma with per-32 block scales applied to fp32 partials "
-        "(MXFP8; NVFP4 widened to E4M3)", supports,
-        takes="MXFP8 and NVFP4 (one family per dot), any M, N, 0 < K < 2^31, batch <= 65535; _cuda built for 90a"),
+        "(MXFP8; MXFP4 and NVFP4 widened to E4M3)", supports,
+        takes="MXFP8 / MXFP4 in any pairing, or NVFP4 x NVFP4, any M, N, 0 < K < 2^31, batch <= 65535; _cuda built for 90a"),
         impl)

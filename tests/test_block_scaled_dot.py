@@ -19,7 +19,8 @@ import jax_gpuext as gx
 from _hlo import custom_calls_in_command_buffers
 from jax_gpuext import UnsupportedError, dot as dot_mod
 
-FORMATS_1D = [gx.MXFP8_E4M3, gx.MXFP8_E5M2, gx.NVFP4, gx.FP8_1x128, gx.FP8_TENSOR]
+FORMATS_1D = [gx.MXFP8_E4M3, gx.MXFP8_E5M2, gx.MXFP4, gx.NVFP4, gx.FP8_1x128, gx.FP8_TENSOR]
+MX_FORMATS = [gx.MXFP8_E4M3, gx.MXFP8_E5M2, gx.MXFP4]
 
 
 # --------------------------------------------------------------------------- float64 NumPy math
@@ -111,6 +112,58 @@ def test_fp8_blockwise_1x128_x_128x128(rhs_shape, dn):
     y = gx.block_scaled_dot(lhs, rhs, dn, preferred_element_type=jnp.float32, backend="reference")
     want, mag = np_block_scaled_dot(lhs, rhs, dn)
     assert_close_to_f64(y, want, mag)
+
+
+@pytest.mark.parametrize("lf", MX_FORMATS, ids=lambda f: f.name)
+@pytest.mark.parametrize("rf", MX_FORMATS, ids=lambda f: f.name)
+def test_mixed_mx_pairs_match_float64(lf, rf):
+    """Any MXFP8 (E4M3/E5M2) x MXFP4 pairing (issue 19): MXFP4 weights x MXFP8 activations is the
+    gpt-oss serving recipe. K = 160 has a partial last block."""
+    dn = (((2,), (2,)), ((0,), (0,)))
+    lhs = gx.quantize(rand(11, (2, 9, 160), 3.0), lf)
+    rhs = gx.quantize(rand(12, (2, 13, 160), 0.02), rf)
+    want, mag = np_block_scaled_dot(lhs, rhs, dn)
+    for backend in ("reference", "auto"):
+        y = jax.jit(lambda a, b, be=backend: gx.block_scaled_dot(a, b, dn, preferred_element_type=jnp.float32,
+                                                                 backend=be))(lhs, rhs)
+        assert_close_to_f64(y, want, mag)
+
+
+def test_mixed_mx_explain_and_library_gates():
+    """cuBLASLt and cuDNN refuse MXFP4 operands with their reason; hopper_mx takes them."""
+    from jax_gpuext import dot_cublaslt, dot_cudnn, hopper_mx
+
+    lhs = gx.quantize(rand(13, (64, 256)), gx.MXFP8_E4M3)
+    rhs = gx.quantize(rand(14, (128, 256)), gx.MXFP4)
+    p = dot_mod._problem(lhs, rhs, None, jnp.dtype(jnp.bfloat16))
+    assert "MXFP4" in p.describe()
+    for backend, words in ((dot_cublaslt, "VEC32_UE8M0"), (dot_cudnn, "E8M0 per 32")):
+        r = backend.supports(p)
+        assert not r.supported and words in r.reason, r.reason
+    r = hopper_mx.supports(p)
+    assert r.supported or "sm_90a" in r.reason or "no CUDA extension" in r.reason, r.reason
+    a, sa = hopper_mx.prepare_mx(*dot_mod.to_canonical(rhs, 1, ()))
+    assert a.dtype == jnp.float8_e4m3fn  # E2M1 widened exactly
+    np.testing.assert_array_equal(np.asarray(a[0, :, :256].astype(jnp.float32)),
+                                  np.asarray(rhs.data.astype(jnp.float32)))
+    e = gx.explain(lambda x, w: gx.block_scaled_dot(x, w), lhs, rhs)
+    assert e.calls[0].chosen == "reference" and "hopper_mx" in dict(e.calls[0].rejected), str(e)
+
+
+def test_scaled_dot_general_mxfp4_weights_with_mxfp8_activations():
+    x, w = rand(15, (8, 96)), rand(16, (96, 24), 0.1)
+    dn = (((1,), (0,)), ((), ()))
+    fmt = (gx.MXFP8_E4M3, gx.MXFP4)
+    f = jax.jit(lambda a, b: gx.scaled_dot_general(a, b, dn, preferred_element_type=jnp.float32, format=fmt))
+    y = f(x, w)
+    qx, qw = gx.quantize(x, gx.MXFP8_E4M3), gx.quantize(w, gx.MXFP4, axis=0)
+    want, mag = np_block_scaled_dot(qx, qw, dn)
+    assert_close_to_f64(y, want, mag)
+    g = jax.grad(lambda b: jnp.sum(gx.scaled_dot_general(x, b, dn, preferred_element_type=jnp.float32,
+                                                         format=fmt)))(w)
+    assert g.shape == w.shape and np.isfinite(np.asarray(g)).all()
+    np.testing.assert_allclose(np.asarray(g), np.broadcast_to(np.asarray(x).sum(0)[:, None], w.shape),
+                               rtol=0.15, atol=0.15)
 
 
 def test_default_dimension_numbers_and_output_dtypes():

@@ -20,7 +20,7 @@ from jax_gpuext import _ffi, formats
 FORMATS = [f for f in formats.FORMATS.values() if not f.per_tensor]
 IDS = [f.name for f in FORMATS]
 DTYPES = [np.float32, ml_dtypes.bfloat16, np.float16]
-ELEM = {"e4m3": npref.E4M3, "e5m2": npref.E5M2, "e2m1": npref.E2M1}
+MX_ELEM = {"MXFP8_E4M3": npref.E4M3, "MXFP8_E5M2": npref.E5M2, "MXFP4": npref.E2M1}
 
 
 # --------------------------------------------------------------------------- inputs
@@ -73,7 +73,7 @@ def expected_quantize(x, fmt, axis=-1, rounding="up", g=None):
         return npref.unblock_2d(np.broadcast_to(data, xb.shape), mn), scale[..., :, 0, :, 0], None
     xb, k = npref.blocks_1d(x, fmt.block[0], axis)
     if fmt.is_mx:
-        data, scale = npref.mx(xb, ELEM["e4m3" if fmt is gx.MXFP8_E4M3 else "e5m2"], rounding)
+        data, scale = npref.mx(xb, MX_ELEM[fmt.name], rounding)
     elif fmt is gx.NVFP4:
         g = npref.nvfp4_global_scale(x) if g is None else np.float32(g)
         data, scale = npref.nvfp4(xb, g)
@@ -151,7 +151,7 @@ def test_half_inputs_and_outputs_bit_exact(fmt, dtype):
         assert_bits_equal(y, as_bits(expected), f"{fmt.name} {backend} dequantized to {np.dtype(dtype).name}")
 
 
-@pytest.mark.parametrize("fmt", [gx.MXFP8_E4M3, gx.MXFP8_E5M2], ids=["MXFP8_E4M3", "MXFP8_E5M2"])
+@pytest.mark.parametrize("fmt", [gx.MXFP8_E4M3, gx.MXFP8_E5M2, gx.MXFP4], ids=["MXFP8_E4M3", "MXFP8_E5M2", "MXFP4"])
 def test_ocp_rounding_bit_exact(fmt):
     x = random_blocks(3, 2000, block_shape(fmt), np.float32)
     values, scale, _ = expected_quantize(x, fmt, rounding="ocp")
@@ -216,7 +216,7 @@ def test_round_trip_error_bound(fmt):
     block's top binade; docs/formats.md), checked as a relative bound against the block amax."""
     x = np.random.default_rng(5).standard_normal((64, 256)).astype(np.float32) * 4
     y = np.asarray(gx.dequantize(gx.quantize(x, fmt)))
-    mbits = {gx.NVFP4: 1, gx.MXFP8_E5M2: 2}.get(fmt, 3)
+    mbits = {gx.NVFP4: 1, gx.MXFP4: 1, gx.MXFP8_E5M2: 2}.get(fmt, 3)
     if fmt is gx.FP8_128x128:
         amax = np.abs(x).reshape(1, 64, 2, 128).max(axis=(1, 3), keepdims=True)
         amax = np.broadcast_to(amax, (1, 64, 2, 128)).reshape(64, 256)

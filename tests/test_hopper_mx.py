@@ -191,9 +191,10 @@ def test_registered_in_preference_order_before_reference():
 def test_supports_rejects_fp8_blockwise_and_accepts_mx_nvfp4_problems():
     _, _, p = _problem(formats.FP8_1x128, formats.FP8_1x128)
     r = hopper_mx.supports(p)
-    assert not r.supported and "MXFP8 and NVFP4 only" in r.reason
-    for f in (MX_E4M3, NVFP4):
-        _, _, p = _problem(f, f)
+    assert not r.supported and "MXFP8, MXFP4 and NVFP4 only" in r.reason
+    for fl, fr in ((MX_E4M3, MX_E4M3), (NVFP4, NVFP4), (formats.MXFP8_E4M3, formats.MXFP4),
+                   (formats.MXFP4, formats.MXFP4)):
+        _, _, p = _problem(fl, fr)
         r = hopper_mx.supports(p)
         # on a build without sm_90a the only remaining objection is the build itself
         assert r.supported or "sm_90a" in r.reason or "no CUDA extension" in r.reason, r.reason

@@ -25,7 +25,9 @@ enum Format : int32_t {
   kFp8Blockwise1x128 = 3,
   kFp8Blockwise128x128 = 4,
   kFp8PerTensor = 5,
+  kMxfp4 = 6,  // OCP MX v1.0 MXFP4: E2M1 elements, E8M0 scale per 32, packed like NVFP4
 };
+constexpr int32_t kLastFormat = kMxfp4;
 enum ScaleRounding : int32_t { kRoundUp = 0, kRoundOcp = 1 };
 enum class FloatType { kF32, kBF16, kF16 };
 
@@ -173,13 +175,18 @@ struct ElementRule {
 GPUEXT_HD ElementRule ElementRuleOf(int32_t format) {
   switch (format) {
     case kMxfp8E5m2: return {E5M2Format(), 0xE00000u, 15};
-    case kNvfp4: return {E2M1Format(), 0xC00000u, 2};
+    case kNvfp4:
+    case kMxfp4: return {E2M1Format(), 0xC00000u, 2};
     default: return {E4M3Format(), 0xE00000u, 8};
   }
 }
 
-GPUEXT_HD bool IsMx(int32_t format) { return format == kMxfp8E4m3 || format == kMxfp8E5m2; }
-GPUEXT_HD bool HasF32Scale(int32_t format) { return format >= kFp8Blockwise1x128; }
+GPUEXT_HD bool IsMx(int32_t format) { return format == kMxfp8E4m3 || format == kMxfp8E5m2 || format == kMxfp4; }
+GPUEXT_HD bool HasF32Scale(int32_t format) {
+  return format == kFp8Blockwise1x128 || format == kFp8Blockwise128x128 || format == kFp8PerTensor;
+}
+// E2M1 elements (NVFP4, MXFP4): 4-bit codes, the only formats that FP4 packing applies to.
+GPUEXT_HD bool IsFp4(int32_t format) { return format == kNvfp4 || format == kMxfp4; }
 
 // g must be a positive normal fp32; zero, subnormal (lost under FTZ), negative, Inf, NaN are not.
 GPUEXT_HD bool GlobalScaleInvalid(uint32_t g) {

@@ -22,8 +22,8 @@ inline ffi::ErrorOr<FloatType> FloatTypeOf(ffi::DataType t, const char* what) {
 }
 
 inline ffi::DataType ElementTypeOf(int32_t format) {
-  return format == kMxfp8E5m2 ? ffi::DataType::F8E5M2
-                              : (format == kNvfp4 ? ffi::DataType::F4E2M1FN : ffi::DataType::F8E4M3FN);
+  if (format == kMxfp8E5m2) return ffi::DataType::F8E5M2;
+  return IsFp4(format) ? ffi::DataType::F4E2M1FN : ffi::DataType::F8E4M3FN;
 }
 
 inline ffi::DataType ScaleTypeOf(int32_t format) {
@@ -41,7 +41,7 @@ inline ffi::ErrorOr<BlockScaledGeometry> GeometryOf(int32_t format, int64_t axis
   auto fail = [](std::string m) {
     return ffi::Unexpected<ffi::Error>(ffi::Error(ffi::ErrorCode::kInvalidArgument, std::move(m)));
   };
-  if (format < kMxfp8E4m3 || format > kFp8PerTensor) return fail("unknown format " + std::to_string(format));
+  if (format < kMxfp8E4m3 || format > kLastFormat) return fail("unknown format " + std::to_string(format));
   // Both platforms take every index from `dims` alone: a data buffer of another shape would be
   // read or written out of bounds. XLA gives FP4 buffers the logical shape too (packed or not).
   if (!(data.dimensions() == dims))
@@ -82,7 +82,7 @@ inline ffi::ErrorOr<BlockScaledGeometry> GeometryOf(int32_t format, int64_t axis
                 DataTypeName(ScaleTypeOf(format)));
   // FFI buffers do not say how XLA laid out sub-byte types (size_bytes() is ByteWidth * count),
   // so Python passes the platform's layout (jax_gpuext/formats.py FP4_PACKED).
-  g.fp4_packed = format == kNvfp4 && fp4_packed;
+  g.fp4_packed = IsFp4(format) && fp4_packed;
   const int64_t blocks = g.two_d() ? outer * g.blocks_along() * g.block_cols() : outer * g.blocks_along() * g.inner;
   if (ElementCount(scale.dimensions()) != blocks)
     return fail("scale buffer has " + std::to_string(ElementCount(scale.dimensions())) + " entries, expected " +
