@@ -402,3 +402,41 @@ def test_per_tensor_vmapped_dequantizes_outside_vmap(backend):
 def test_per_tensor_lowers_to_our_custom_calls():
     text = jax.jit(lambda v: gx.quantize(v, gx.FP8_TENSOR).dequantize()).lower(jnp.ones((4, 64))).as_text()
     assert "gpuext_quantize" in text and "gpuext_dequantize" in text
+
+
+# --------------------------------------------------------------------------- MXFP4 against jax.nn
+def _jax_nn_mxfp4_quantizer():
+    """jax.nn 0.12's own mxfp4 quantizer (the one scaled_dot_general uses), or a skip."""
+    try:
+        config = jax.nn.get_scaled_dot_general_config("mxfp4")
+        from jax._src.cudnn.scaled_matmul_stablehlo import quantize as jax_nn_quantize
+    except (ValueError, ImportError, AttributeError) as e:
+        pytest.skip(f"jax {jax.__version__} has no mxfp4 quantizer ({e})")
+    return jax.jit(lambda x: jax_nn_quantize(x, config))
+
+
+def test_mxfp4_matches_jax_nn():
+    """Scales and elements equal jax.nn 0.12's bit for bit on 10,000 blocks, except where
+    docs/formats.md says they differ: all-zero blocks (jax.nn: E8M0 0x00, ours 0x7F = 1.0) and
+    blocks whose amax lies where XLA's FTZ flushes jax.nn's float division (excluded here)."""
+    theirs_q = _jax_nn_mxfp4_quantizer()
+    rng = np.random.default_rng(19)
+    n = NBLOCKS
+    exps = rng.integers(-90, 90, size=(n, 1))
+    x = np.ldexp(rng.standard_normal((n, 32)) * np.ldexp(1.0, rng.integers(-10, 1, (n, 32))), exps)
+    x[0] = 0.0  # an all-zero block
+    x[1, :] = 6.0 * 2.0 ** 5  # exactly elem_max * 2**e: the "up" boundary
+    x[2] = 1.0
+    x[2, 0] = np.nextafter(np.float32(6.0 * 2.0 ** 5), np.float32(np.inf))  # one ulp above it
+    x[3] = rng.choice([0.25, 0.75, 2.5, 5.0, -0.25, -5.0], 32)  # E2M1 ties at scale 1
+    x[3, 0] = 6.0
+    x = x.astype(np.float32)
+    data, scale = theirs_q(x.reshape(1, n, 32).reshape(1, n * 32))
+    ours = quantizer(gx.MXFP4, "cpu")(x.reshape(1, n * 32))
+    their_scale, our_scale = as_bits(scale).reshape(n), as_bits(ours.scale).reshape(n)
+    their_data, our_data = as_bits(data).reshape(n, 32), as_bits(ours.data).reshape(n, 32)
+    assert their_scale[0] == 0x00 and our_scale[0] == 0x7F  # the documented all-zero difference
+    assert (their_data[0] == 0).all() and (our_data[0] == 0).all()
+    assert_bits_equal(our_scale[1:], their_scale[1:], "MXFP4 scales vs jax.nn")
+    assert_bits_equal(our_data[1:], their_data[1:], "MXFP4 elements vs jax.nn")
+    assert our_scale[1] == 127 + 5 and our_scale[2] == 127 + 6
