@@ -24,9 +24,13 @@ def make(shape, dtype, seed: int, specials: float = 0.0, scale_exp: int | None =
     dtype = np.dtype(dtype)
     rng = np.random.default_rng(seed)
     n = int(np.prod(shape))
+    if dtype.name == "float8_e8m0fnu":  # power-of-two scales, as codes around 2^0
+        return rng.integers(100, 150, size=shape).astype(np.uint8).view(dtype)
     if not (dtype.kind == "f" or dtype in _ML_FLOATS):
         if dtype == np.bool_:
             return rng.random(shape) < 0.5
+        if dtype.kind == "c":
+            return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
         info = ml_dtypes.iinfo(dtype) if dtype.name in ("int4", "uint4", "int2", "uint2") else np.iinfo(dtype)
         return rng.integers(int(info.min), int(info.max) + 1, size=shape).astype(dtype)
     fi = ml_dtypes.finfo(dtype)
