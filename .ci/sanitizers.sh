@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# CI sanitizer leg (issue 15). Run from the repo root after the README's test command built .venv.
+#  1. _cpu built with AddressSanitizer + UndefinedBehaviorSanitizer into .venv-asan (own build dir),
+#     then the CPU handler tests and the fuzz suite run with libasan/libubsan preloaded into python:
+#     any report stops the process (halt_on_error) and fails the leg.
+#  2. ThreadSanitizer over the CPU all-reduce protocol's host threads (tests/native/cpu_protocol_tsan.cc).
+# Subset, to stay near 10 minutes on 2 cores: the tests whose code reaches our C++ on CPU
+# (formats, memory, all_reduce) plus tests/fuzz; the dot / hopper_mx / cuDNN tests run the jnp
+# reference or skip on CPU and would add minutes without executing a line of sanitized code.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_PROGRESS_BAR=off
+step() { echo; echo "=== $* ($(date +%H:%M:%S))"; }
+
+step "build _cpu with -fsanitize=address,undefined,float-cast-overflow"
+python3 -m venv .venv-asan
+JAX_GPUEXT_CUDA=OFF JAX_GPUEXT_SANITIZE=address,undefined,float-cast-overflow \
+  .venv-asan/bin/pip install -q -C build-dir=build/asan '.[test]'
+
+step "CPU tests + fuzz suite under ASan/UBSan"
+libs="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)"
+log=$(mktemp)
+# detect_leaks=0: CPython and XLA keep allocations until exit by design. Python itself is not
+# instrumented, so only our module's accesses (and interposed malloc/free) are checked.
+ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=1:verify_asan_link_order=0:allocator_may_return_null=1 \
+UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 LD_PRELOAD="$libs" \
+  .venv-asan/bin/pytest -q -p no:cacheprovider tests/test_formats.py tests/test_memory.py tests/test_allreduce.py \
+  tests/fuzz 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+if grep -qE "ERROR: AddressSanitizer|runtime error:|SUMMARY: (Address|UndefinedBehavior)Sanitizer" "$log"; then
+  echo "FAILED: sanitizer reports above" >&2; exit 1
+fi
+[ "$status" -eq 0 ] || { echo "FAILED: tests under the sanitizers (exit $status)" >&2; exit "$status"; }
+
+step "ThreadSanitizer: CPU all-reduce protocol"
+g++ -std=c++17 -O1 -g -fsanitize=thread -I. tests/native/cpu_protocol_tsan.cc csrc/allreduce/cpu_protocol.cc \
+  -o build/cpu_protocol_tsan -pthread
+TSAN_OPTIONS=halt_on_error=1 build/cpu_protocol_tsan
+echo "sanitizer leg passed"

@@ -1,0 +1,150 @@
+"""The fuzz worker (started by _pool.Worker): reads (kind, case) pickles from stdin, runs
+``KINDS[kind](**case)`` and writes ("ok", value) or ("raised", exception type, message).
+
+Every case function returns plain NumPy data (or per-backend outcomes of it), so the test
+process can judge it without jax. A case that crashes this process is the finding itself.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+import struct
+import sys
+
+# Eight host devices for all_reduce, as tests/conftest.py sets for the main process.
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import Mesh, PartitionSpec as P  # noqa: E402
+
+import jax_gpuext as gx  # noqa: E402
+from jax_gpuext import _ext  # noqa: E402
+
+HEADER = struct.Struct("<Q")
+
+
+def attempt(fn):
+    """("ok", value) or ("raised", type name, message): one backend's outcome of a case."""
+    try:
+        return ("ok", fn())
+    except Exception as e:  # noqa: BLE001 - the type is what the test judges
+        return ("raised", type(e).__name__, str(e))
+
+
+def make_format(spec):
+    """("const", name): the module constant; ("pickled" / "copied", name): a copy of it made the
+    way config systems and multiprocessing do; ("raw", value): whatever a user passed."""
+    how, value = spec
+    if how == "raw":
+        return value
+    fmt = getattr(gx, value)
+    if how == "pickled":
+        return pickle.loads(pickle.dumps(fmt))
+    return copy.deepcopy(fmt) if how == "copied" else fmt
+
+
+def host(a):
+    return np.asarray(a)
+
+
+def bsa_parts(q):
+    g = None if q.global_scale is None else host(q.global_scale)
+    return {"data": host(q.data), "scale": host(q.scale), "global_scale": g, "axis": q.axis}
+
+
+# --------------------------------------------------------------------------- public API cases
+def quantize(x, fmt, axis, scale_rounding, global_scale, backends, out_dtype):
+    """quantize then dequantize, jitted, once per backend."""
+    def run(backend):
+        f = make_format(fmt)
+        q = jax.jit(lambda v: gx.quantize(v, f, axis=axis, scale_rounding=scale_rounding,
+                                          global_scale=global_scale, backend=backend))(x)
+        y = jax.jit(lambda q: gx.dequantize(q, out_dtype, backend=backend))(q)
+        return {**bsa_parts(q), "y": host(y)}
+    return {b: attempt(lambda b=b: run(b)) for b in backends}
+
+
+def dequantize_parts(data, scale, global_scale, fmt, axis, backends, out_dtype):
+    """A hand-built BlockScaledArray (what a checkpoint loader builds), dequantized per backend."""
+    def run(backend):
+        q = gx.BlockScaledArray(data, scale, global_scale, make_format(fmt), axis)
+        return host(jax.jit(lambda q: gx.dequantize(q, out_dtype, backend=backend))(q))
+    return {b: attempt(lambda b=b: run(b)) for b in backends}
+
+
+def block_scaled_dot(lhs, rhs, formats, axes, dimension_numbers, out_dtype, backends):
+    def run(backend):
+        ql = gx.quantize(lhs, make_format(formats[0]), axis=axes[0])
+        qr = gx.quantize(rhs, make_format(formats[1]), axis=axes[1])
+        f = jax.jit(lambda a, b: gx.block_scaled_dot(a, b, dimension_numbers, preferred_element_type=out_dtype,
+                                                     backend=backend))
+        return host(f(ql, qr))
+    return {b: attempt(lambda b=b: run(b)) for b in backends}
+
+
+def scaled_dot_general(lhs, rhs, dimension_numbers, fmt, out_dtype, backends):
+    def run(backend):
+        f = make_format(fmt)
+        return host(jax.jit(lambda a, b: gx.scaled_dot_general(a, b, dimension_numbers, preferred_element_type=out_dtype,
+                                                              format=f, backend=backend))(lhs, rhs))
+    return {b: attempt(lambda b=b: run(b)) for b in backends}
+
+
+def place(x, space, strict, backends):
+    def run(backend):
+        return host(jax.jit(lambda v: gx.place(v, space, strict=strict, backend=backend))(x))
+    return {b: attempt(lambda b=b: run(b)) for b in backends}
+
+
+def all_reduce(x, mesh_shape, mesh_axes, axis_name, kwargs, algorithms):
+    """x is split over every mesh axis (its leading dim is the device count); all_reduce runs
+    inside shard_map, once per algorithm."""
+    devices = np.array(jax.devices()[: int(np.prod(mesh_shape))]).reshape(mesh_shape)
+    mesh = Mesh(devices, mesh_axes)
+
+    def run(algorithm):
+        body = lambda v: gx.all_reduce(v, axis_name, algorithm=algorithm, **kwargs)  # noqa: E731
+        f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(mesh_axes), out_specs=P(mesh_axes), check_vma=False))
+        return host(f(x))
+    return {a: attempt(lambda a=a: run(a)) for a in algorithms}
+
+
+# --------------------------------------------------------------------------- FFI targets, directly
+def ffi_call(target, operands, results, attributes):
+    """jax.ffi.ffi_call of a registered target with whatever operands, result types and
+    attributes the case names. ``results``: [(shape, dtype)]."""
+    _ext.ensure_all_registered()
+    out = [jax.ShapeDtypeStruct(s, d) for s, d in results]
+    f = jax.jit(lambda *ops: jax.ffi.ffi_call(target, out)(*ops, **attributes))
+    return [host(r) for r in f(*operands)]
+
+
+def registrations():
+    return sorted(_ext.module("cpu").registrations())
+
+
+KINDS = {f.__name__: f for f in (quantize, dequantize_parts, block_scaled_dot, scaled_dot_general, place,
+                                 all_reduce, ffi_call, registrations)}
+
+
+def main():
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    while True:
+        header = stdin.read(HEADER.size)
+        if len(header) < HEADER.size:
+            return
+        kind, case = pickle.loads(stdin.read(HEADER.unpack(header)[0]))
+        result = attempt(lambda: KINDS[kind](**case))
+        blob = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+        stdout.write(HEADER.pack(len(blob)) + blob)
+        stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

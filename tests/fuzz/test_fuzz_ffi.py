@@ -1,0 +1,166 @@
+"""Fuzz: every FFI target the CPU extension registers, called directly through jax.ffi.ffi_call
+the way a hostile or mistaken caller would: wrong attribute values and types, missing and extra
+attributes, too few or too many operands and results, wrong dtypes and shapes. A handler must
+return an error (XlaRuntimeError here) or compute the right thing; never crash, write out of
+bounds (the sanitizer leg, .ci/sanitizers.sh, sees what a plain run cannot), or hang."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import _values
+from _budget import fuzz, judged, record
+from _judge import assert_bits, bits, check_refusal, worker_outcome
+from test_formats import elem_bits, expected_quantize, scale_bits
+from jax_gpuext import formats
+
+F32, S32 = np.dtype(np.float32), np.dtype(np.int32)
+FORMAT_NAMES = tuple(n for n, f in formats.FORMATS.items() if not f.per_tensor)
+
+
+def quantize_call(fmt, shape):
+    x = _values.make(shape, F32, 1, 0.0, scale_exp=0)
+    out = [(shape, fmt.elem_dtype), (formats.scale_shape(shape, fmt, -1), fmt.scale_dtype)]
+    attrs = dict(format=np.int32(fmt.code), axis=np.int64(-1), scale_rounding=np.int32(0), fp4_packed=np.int32(1))
+    return [x, np.float32(0.25)], out, attrs
+
+
+def dequantize_call(fmt, shape):
+    data = _values.make(shape, fmt.elem_dtype, 2, 0.0, scale_exp=0)
+    scale = np.ones(formats.scale_shape(shape, fmt, -1), fmt.scale_dtype)
+    attrs = dict(format=np.int32(fmt.code), axis=np.int64(-1), fp4_packed=np.int32(1))
+    return [data, scale, np.float32(1.0)], [(shape, F32)], attrs
+
+
+def place_call(fmt, shape):
+    x = _values.make(shape, F32, 3)
+    return [x], [(shape, F32)], {}
+
+
+def all_reduce_call(fmt, shape):
+    x = _values.make(shape, F32, 4, 0.0, scale_exp=0)
+    attrs = dict(op=np.int32(0), algorithm=np.int32(1), group_size=np.int64(1), site=np.int64(7),
+                 workspace_bytes=np.int64(1 << 20), timeout_s=np.float32(2.0))
+    return [x, np.zeros((1,), S32), np.zeros((1,), S32)], [(shape, F32)], attrs
+
+
+# The well-formed call of every CPU target, as our Python code makes it. A target registered
+# without an entry here fails test_every_target_is_fuzzed: add its call when adding a handler.
+CALLS = {"gpuext_quantize": quantize_call, "gpuext_dequantize": dequantize_call, "gpuext_place": place_call,
+         "gpuext_all_reduce": all_reduce_call}
+# Attribute values worth trying: boundaries, codes just outside the enums, the sub-byte packing
+# flag flipped, huge sizes and timeouts. (No workspace sizes between 1 MiB and 2^62: a handler
+# that trusted one would zero-fill gigabytes of this shared machine before failing.)
+INTS = (-(1 << 31), -1, 0, 1, 2, 3, 4, 5, 6, 7, 99, (1 << 31) - 1, 1 << 62)
+FLOATS = (0.0, -1.0, float("nan"), float("inf"), 1e30, 1e-3)
+DTYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float64), np.dtype(np.int32),
+          np.dtype(np.uint8), np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e8m0fnu),
+          np.dtype(ml_dtypes.float4_e2m1fn), np.dtype(ml_dtypes.int4), np.dtype(np.bool_))
+MUTATIONS = ("attr_value", "attr_value", "attr_type", "attr_missing", "attr_extra", "operand_count",
+             "operand_dtype", "operand_shape", "result_count", "result_dtype", "result_shape")
+
+
+def other_shape(shape, k):
+    options = [shape[:-1], shape + (2,), tuple(d + 1 for d in shape), (0,) + shape[1:], (), (1 << 20,)]
+    return options[k % len(options)]
+
+
+def mutate(draw, operands, results, attrs, what):
+    """Applies mutation ``what``; returns (operands, results, attrs, description)."""
+    operands, results, attrs = list(operands), list(results), dict(attrs)
+    if what.startswith("attr") and not attrs:
+        what = "attr_extra"
+    if what == "attr_value":
+        name = draw(st.sampled_from(sorted(attrs)))
+        t = type(attrs[name]) if isinstance(attrs[name], (np.integer, np.floating)) else np.int32
+        attrs[name] = t(draw(st.sampled_from(FLOATS))) if issubclass(t, np.floating) else t(draw(st.sampled_from(
+            [v for v in INTS if np.iinfo(t).min <= v <= np.iinfo(t).max])))
+        return operands, results, attrs, f"{name}={attrs[name]!r}"
+    if what == "attr_type":
+        name = draw(st.sampled_from(sorted(attrs)))
+        attrs[name] = draw(st.sampled_from([np.int32(1), np.int64(1), np.float32(1), "1", True, np.uint8(1)]))
+        return operands, results, attrs, f"{name} as {type(attrs[name]).__name__}"
+    if what == "attr_missing":
+        name = draw(st.sampled_from(sorted(attrs)))
+        del attrs[name]
+        return operands, results, attrs, f"without {name}"
+    if what == "attr_extra":
+        attrs["bogus"] = np.int32(1)
+        return operands, results, attrs, "extra attribute bogus"
+    seq = operands if what.startswith("operand") else results
+    if what.endswith("count"):
+        if seq and draw(st.booleans()):
+            seq.pop()
+            return operands, results, attrs, f"one {what[:-6]} fewer"
+        seq.append(np.ones((3,), F32) if seq is operands else ((3,), F32))
+        return operands, results, attrs, f"one {what[:-6]} more"
+    if not seq:
+        return operands, results, attrs, f"no {what[:-6]}s"
+    i = draw(st.integers(0, len(seq) - 1))
+    shape, dtype = (seq[i].shape, seq[i].dtype) if seq is operands else seq[i]
+    if what.endswith("dtype"):
+        dtype = draw(st.sampled_from(DTYPES))
+    else:
+        shape = other_shape(tuple(shape), draw(st.integers(0, 5)))
+    seq[i] = _values.make(shape, dtype, 5) if seq is operands else (shape, dtype)
+    return operands, results, attrs, f"{what[:-6]} {i} as {dtype.name}{list(shape)}"
+
+
+def check_quantize_result(values, operands, attrs, case):
+    """A quantize call the handler accepted must have computed that format (FP4 unpacked into a
+    packed buffer is not a format: accepting fp4_packed=0 on CPU is itself the bug)."""
+    code = int(attrs.get("format", -1))
+    fmt = next((f for f in formats.FORMATS.values() if f.code == code), None)
+    if fmt is None or fmt.per_tensor or int(attrs.get("axis", 0)) != -1 or int(attrs.get("scale_rounding", -1)) != 0:
+        return
+    assert not (fmt is formats.NVFP4 and int(attrs.get("fp4_packed", 1)) == 0), (
+        f"accepted fp4_packed=0 for an NVFP4 buffer XLA packs: the handler wrote one byte per element ({case})")
+    x = operands[0]
+    if len(values) != 2 or len(operands) != 2 or np.ndim(operands[1]) != 0 or x.dtype != F32 or values[0].shape != x.shape or values[0].dtype != fmt.elem_dtype:
+        return
+    want, scale, _ = expected_quantize(x, fmt, -1, "up", np.float32(operands[1]) if fmt.has_global_scale else None)
+    assert_bits(values[0], elem_bits(want, fmt), f"direct gpuext_quantize {fmt.name} data", case)
+    assert_bits(values[1], scale_bits(scale, fmt), f"direct gpuext_quantize {fmt.name} scale", case)
+
+
+def test_every_target_is_fuzzed(worker):
+    outcome = worker.run("registrations", {})
+    names = worker_outcome("ffi", outcome, "registrations()")
+    assert set(names) <= set(CALLS), f"registered CPU targets without a fuzz call in CALLS: {set(names) - set(CALLS)}"
+
+
+@fuzz("ffi", 150)
+@given(target=st.sampled_from(sorted(CALLS)), fmt=st.sampled_from(FORMAT_NAMES),
+       shape=st.sampled_from([(4, 64), (1, 33), (3, 5, 16), (256, 128), (2048,)]),
+       n_mutations=st.sampled_from([0, 1, 1, 1, 2]), data=st.data())
+def test_ffi_target(worker, target, fmt, shape, n_mutations, data):
+    f = formats.FORMATS[fmt]
+    if len(shape) < 2 and len(f.block) == 2:
+        shape = (1,) + shape
+    operands, results, attrs = CALLS[target](f, shape)
+    done = []
+    for _ in range(n_mutations):
+        operands, results, attrs, what = mutate(data.draw, operands, results, attrs,
+                                                data.draw(st.sampled_from(MUTATIONS), label="mutation"))
+        done.append(what)
+    case = (f"jax.ffi.ffi_call({target!r}, results={[(list(s), np.dtype(d).name) for s, d in results]})"
+            f"(*[{', '.join(np.dtype(o.dtype).name + str(list(o.shape)) for o in map(np.asarray, operands))}], "
+            f"**{attrs}) [{fmt}; {', '.join(done) or 'well-formed'}]")
+    with judged("ffi"):
+        out = worker_outcome("ffi", worker.run("ffi_call", dict(
+            target=target, operands=operands, results=results, attributes=attrs), timeout=60), case)
+        if isinstance(out, tuple):  # ("raised", type, message)
+            check_refusal("ffi", out, case)
+            record("ffi", "refused")
+            return
+        record("ffi", "ok")
+        values = out
+        assert done or len(values) == len(results), case
+        if target == "gpuext_quantize":
+            check_quantize_result(values, operands, attrs, case)
+        elif target in ("gpuext_place", "gpuext_all_reduce") and not done:
+            assert_bits(values[0], bits(operands[0]), target, case)  # identity / a group of one

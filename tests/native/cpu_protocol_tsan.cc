@@ -1,0 +1,60 @@
+// ThreadSanitizer driver for the CPU all-reduce protocol (csrc/allreduce/cpu_protocol.cc):
+// host threads play the ranks, as XLA's CPU runtime does, through one_shot and two_shot with
+// several chunks per call and several calls per site, then a group with a missing rank that
+// must time out naming it. Checks the sums; TSan checks the flag/heap protocol for races.
+// Built and run by .ci/sanitizers.sh (g++ -fsanitize=thread).
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "csrc/allreduce/cpu_protocol.h"
+
+using namespace gpuext::allreduce;
+
+static int failures = 0;
+
+static void Run(Algorithm algorithm, int n, int64_t count, int64_t workspace, int calls, int64_t site) {
+  std::vector<std::vector<float>> in(n, std::vector<float>(count)), out(n, std::vector<float>(count));
+  for (int call = 0; call < calls; ++call) {
+    for (int r = 0; r < n; ++r)
+      for (int64_t i = 0; i < count; ++i) in[r][i] = float(r + 1) * float(i % 7 + call);
+    std::vector<std::thread> threads;
+    std::vector<std::string> errors(n);
+    for (int r = 0; r < n; ++r)
+      threads.emplace_back([&, r] {
+        CpuAllReduceArgs a;
+        a.in = in[r].data(); a.out = out[r].data(); a.count = count; a.dtype = DType::kF32;
+        a.op = ReduceOp::kSum; a.algorithm = algorithm; a.rank = r; a.group_size = n; a.site = site;
+        a.workspace_bytes = workspace; a.timeout_s = 30;
+        gpuext::Status s = CpuAllReduce(a);
+        if (!s.ok()) errors[r] = s.message();
+      });
+    for (auto& t : threads) t.join();
+    const float ranks = float(n * (n + 1) / 2);
+    for (int r = 0; r < n; ++r) {
+      if (!errors[r].empty()) { std::printf("FAIL rank %d: %s\n", r, errors[r].c_str()); ++failures; continue; }
+      for (int64_t i = 0; i < count; ++i)
+        if (out[r][i] != ranks * float(i % 7 + call)) { std::printf("FAIL wrong sum at %ld\n", long(i)); ++failures; break; }
+    }
+  }
+}
+
+int main() {
+  // 64 floats per rank per chunk (one_shot) / per segment pair (two_shot): 1000 elements take many chunks.
+  for (Algorithm alg : {Algorithm::kOneShot, Algorithm::kTwoShot})
+    for (int n : {2, 3, 4}) Run(alg, n, 1000, 64 * 4 * 2 * n, 3, 100 * int(alg) + n);
+  // Rank 1 of 2 never arrives: rank 0 must fail within its timeout and name PE 1.
+  std::vector<float> x(16, 1.f), y(16);
+  CpuAllReduceArgs a;
+  a.in = x.data(); a.out = y.data(); a.count = 16; a.group_size = 2; a.rank = 0; a.site = 999;
+  a.workspace_bytes = 1 << 12; a.timeout_s = 0.2;
+  gpuext::Status s = CpuAllReduce(a);
+  if (s.ok() || s.message().find("PEs [1]") == std::string::npos) {
+    std::printf("FAIL timeout: %s\n", s.ok() ? "returned ok" : s.message().c_str());
+    ++failures;
+  }
+  std::printf("cpu_protocol_tsan: %s\n", failures ? "FAILED" : "ok");
+  return failures ? 1 : 0;
+}
