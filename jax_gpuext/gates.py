@@ -316,6 +316,17 @@ def _cublaslt_mx_scales():
     return _library_at_least("cublaslt", (12, 8, 4))
 
 
+@_gate("cublaslt_fp8", "library", "cuBLASLt 12.x/13.x loads; >= 12.1.3 on Ada (sm_89)",
+       "FP8 cublasLtMatmul (per-tensor SCALAR_32F scales, the mode every FP8 GPU has): TransformerEngine "
+       "requires cuBLASLt 12.1.3 for FP8 on Ada (quantization.py); Hopper FP8 is in every cuBLAS 12. We set no "
+       "A/B_SCALE_MODE for SCALAR_32F (the default), since cuBLAS < 12.8 rejects that attribute")
+def _cublaslt_fp8():
+    cc = compute_capability()
+    if cc is None:
+        return GateResult(False, "no CUDA device")
+    return _library_at_least("cublaslt", (12, 1, 3) if cc == (8, 9) else (12, 0, 0))
+
+
 @_gate("cublaslt_blockwise_fp8", "library", "cuBLASLt >= 12.9",
        "the VEC128_32F / BLK128x128_32F (DeepSeek-style FP8) scale modes first appear in cuBLAS 12.9")
 def _cublaslt_blockwise_fp8():
