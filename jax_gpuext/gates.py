@@ -303,6 +303,22 @@ def _cudnn_fused_global_scale():
     return _library_at_least("cudnn", (9, 13, 0))
 
 
+@_gate("cudnn_frontend_cudart", "library", "at most one of libcudart.so.12 / .so.13 can be loaded",
+       "cudnn-frontend's dynamic-loading shim dlopens libcudart.so.12 and .so.13 by name and throws "
+       "'Multiple libcudart libraries found' when both load (a CUDA 12 runtime on LD_LIBRARY_PATH or in "
+       "ldconfig beside jax's CUDA 13 wheels); refused here with the files rather than failing inside a call")
+def _cudnn_frontend_cudart():
+    found = _libs.loadable_cudarts()
+    where = ", ".join(f"{soname} ({path or 'file unknown'})" for soname, path in found)
+    if len(found) > 1:
+        return GateResult(False, f"both load: {where}; make only the one matching jaxlib's CUDA loadable "
+                                 "(take the other off LD_LIBRARY_PATH / out of ldconfig, or uninstall its wheel)")
+    if not found:
+        return GateResult(True, "no libcudart.so.12/.13 loads: the block-scaled graph needs none (we set the SM "
+                                "version), only the frontend's logging would fail, cleanly")
+    return GateResult(True, f"only {where}")
+
+
 @_gate("cudnn_graph_safety_notes", "library", "cuDNN >= 9.15",
        "CUDNN_BEHAVIOR_NOTE_CUBLASLT_DEPENDENCY marks plans that are unsafe inside CUDA graphs")
 def _cudnn_graph_safety_notes():
