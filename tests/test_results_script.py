@@ -14,13 +14,19 @@ import jax_gpuext
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def test_write_results_collects_benchmarks_probes_tests_and_plots(tmp_path):
+def _work_dirs(tmp_path):
+    """gpu_run.sh's work directory (with this machine's `info --json`) and an empty results one."""
     work, out = tmp_path / "work", tmp_path / "results"
     work.mkdir()
     out.mkdir()
     info = subprocess.run([sys.executable, "-P", "-m", "jax_gpuext", "info", "--json"], capture_output=True,
                           text=True, check=True, cwd=tmp_path).stdout
     (work / "info.json").write_text(info)
+    return work, out
+
+
+def test_write_results_collects_benchmarks_probes_tests_and_plots(tmp_path):
+    work, out = _work_dirs(tmp_path)
     (work / "bench_dot.json").write_text(json.dumps(
         {"benchmark": "bench_dot", "rows": [{"M": 8192, "bf16": 612.5, "cublaslt_fp8_blockwise": 901.25}],
          "notes": ["a note"]}))
@@ -192,12 +198,7 @@ def test_mps_script_reports_the_environment_apart_from_code_failures(tmp_path):
 
 
 def test_write_results_lists_environment_failures_apart(tmp_path):
-    work, out = tmp_path / "work", tmp_path / "results"
-    work.mkdir()
-    out.mkdir()
-    info = subprocess.run([sys.executable, "-P", "-m", "jax_gpuext", "info", "--json"], capture_output=True,
-                          text=True, check=True, cwd=tmp_path).stdout
-    (work / "info.json").write_text(info)
+    work, out = _work_dirs(tmp_path)
     (work / "gpu-tests-main.xml").write_text(
         '<testsuite tests="2" failures="2" errors="0" skipped="0">'
         '<testcase classname="t" name="mps" time="1"><failure message="Failed: ENVIRONMENT: no MPS">'
