@@ -132,3 +132,23 @@ def path(key: str) -> str | None:
     """Path of the library file, for handing to C++ code that dlopens it itself."""
     lib, _ = load(key)
     return None if lib is None else lib.path
+
+
+# What cudnn-frontend's dynamic-loading shim dlopens by name (include/cudnn_frontend_shim.h,
+# load_cudart_so) for the few CUDA runtime calls it makes itself; it throws "Multiple libcudart
+# libraries found" when more than one of them loads.
+CUDART_SONAMES = ("libcudart.so.12", "libcudart.so.13")
+
+
+def loadable_cudarts() -> list[tuple[str, str | None]]:
+    """``(soname, file)`` of every libcudart the cudnn-frontend shim would find now, by the same
+    search (dlopen by soname: libraries already loaded, LD_LIBRARY_PATH, ldconfig). Like the shim,
+    this loads what it finds (RTLD_LOCAL; libcudart does nothing until called)."""
+    found = []
+    for soname in CUDART_SONAMES:
+        try:
+            handle = ctypes.CDLL(soname)
+        except OSError:
+            continue
+        found.append((soname, _file_of(handle, "cudaRuntimeGetVersion")))
+    return found

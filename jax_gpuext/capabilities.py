@@ -32,6 +32,17 @@ def _library(key: str) -> dict:
             "where" if v is not None else "error": where}
 
 
+def _fp4_layouts() -> dict:
+    """XLA's float4_e2m1fn buffer layout per platform, as measured (jax_gpuext.fp4_layout)."""
+    from jax_gpuext import formats
+
+    out = {}
+    for platform in ("cpu", "cuda"):
+        layout = formats.FP4_PACKED.layout(platform)
+        out[platform] = {"layout": layout.layout, "fp4_packed": layout.packed, "how": layout.how}
+    return out
+
+
 def capabilities() -> dict:
     """Versions, the extensions' builds, devices, libraries and every gate with its reason."""
     import jax
@@ -48,6 +59,7 @@ def capabilities() -> dict:
         "devices": _devices(),
         "cuda_driver": None if dv is None else f"{dv // 1000}.{dv % 1000 // 10}",
         "libraries": {key: _library(key) for key in _libs.LIBRARIES},
+        "fp4_layout": _fp4_layouts(),
         "gates": {
             name: {"supported": r.supported, "reason": r.reason, "requires": g.requires, "why": g.why,
                    "category": g.category}
@@ -79,6 +91,8 @@ def format_table(report: dict) -> str:
     for key, lib in report["libraries"].items():
         rows.append((lib["name"], lib["version"] + f" ({lib['where']})" if lib["version"] else
                      "not available: " + lib["error"]))
+    for platform, f in report.get("fp4_layout", {}).items():
+        rows.append((f"float4 layout {platform}", f"{f['layout']} ({f['how']})"))
     width = max(len(k) for k, _ in rows)
     out = ["jax-gpuext capabilities", ""] + [f"{k:<{width}}  {v}" for k, v in rows]
     out += ["", "gates"]

@@ -23,6 +23,7 @@ import itertools
 import logging
 import math
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -125,8 +126,38 @@ class Problem:
 
 
 # --------------------------------------------------------------------------- backends
+_SCHEDULING_MODE_FLAG = re.compile(r"-{1,2}xla_gpu_command_buffer_scheduling_mode=(\w+)")
+
+
+def command_buffer_ordering(env=None) -> GateResult:
+    """Whether consecutive kernel calls in one program keep their order on the GPU.
+
+    The kernels share one epoch, arrival counters and slots (the symmetric workspace, which XLA does
+    not see), so two calls must never run at once. Only the command-buffer target
+    (``JAX_GPUEXT_ALLREDUCE_GRAPH_SAFE=1``) is captured by XLA; under
+    ``--xla_gpu_command_buffer_scheduling_mode=CONCURRENT`` XLA orders captured commands by their
+    XLA buffers alone (CommandExecutor::SynchronizationMode::kConcurrent), so two all-reduces
+    with no data dependency between them may interleave. LHS (the default) and SERIALIZE keep the
+    schedule's order. Read from XLA_FLAGS at trace time; a per-jit ``compiler_options`` value is
+    not visible here (docs/design.md)."""
+    env = os.environ if env is None else env
+    if env.get(GRAPH_SAFE_ENV, "0") in ("", "0"):
+        return GateResult(True, "the checked target is not captured into command buffers: calls run in order")
+    modes = _SCHEDULING_MODE_FLAG.findall(env.get("XLA_FLAGS", ""))
+    mode = modes[-1].upper() if modes else "LHS (default)"
+    if mode == "CONCURRENT":
+        return GateResult(False, "XLA_FLAGS sets --xla_gpu_command_buffer_scheduling_mode=CONCURRENT with "
+                                 f"{GRAPH_SAFE_ENV}=1: captured all-reduces with no data dependency could run at "
+                                 "once and corrupt each other's epoch, counters and slots; use LHS (the default) "
+                                 f"or SERIALIZE, or unset {GRAPH_SAFE_ENV}")
+    return GateResult(True, f"command-buffer scheduling mode {mode} keeps the calls in schedule order")
+
+
 def _cuda_kernel_checks(p: Problem) -> GateResult:
     r = gates.check_all(["cuda_extension", "cuda_device", "nvshmem", "nvshmem_allreduce_module"])
+    if not r.supported:
+        return r
+    r = command_buffer_ordering()
     if not r.supported:
         return r
     local = jax.local_device_count()

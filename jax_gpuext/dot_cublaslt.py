@@ -40,6 +40,18 @@ SCALE_VEC16_UE4M3 = 1
 SCALE_VEC32_UE8M0 = 2
 SCALE_VEC128_32F = 4
 SCALE_BLK128x128_32F = 5
+BLOCK_SCALE_MODES = (SCALE_VEC16_UE4M3, SCALE_VEC32_UE8M0, SCALE_VEC128_32F, SCALE_BLK128x128_32F)
+
+# Rows of the 1-D-scaled (VEC128_32F) lhs, which is cuBLAS's B operand, are padded to this multiple
+# (zero rows, scale 1; the padding rows of the output are sliced off). TransformerEngine's
+# cublaslt_gemm.cu requires that operand's row count % 8 ("only present for B tensor is 1D
+# quantized") and every shape NVIDIA tests is % 16; 16 satisfies both and the VEC128 layout's % 4.
+# The handler (csrc/dot/cublaslt_block_scaled.cc, CheckBlockScaledMatmul) refuses any other M.
+FP8_BLOCK_ROW_MULTIPLE = 16
+# cuBLAS's m (our N) in every block-scaling mode: TE checks m % 8 for block-scaled A operands
+# ("(m * CTypeSize) % 16 == 0", the smallest output type being 2 bytes), and the 1x128 rhs's
+# VEC128 scale rows need N % 4. Weights are not padded per call (it would copy them): a gate.
+BLOCK_SCALED_N_MULTIPLE = 8
 
 
 def _fp8_pair_ok(p) -> GateResult:
@@ -65,7 +77,14 @@ def supports(p) -> GateResult:
     if n % row_multiple:
         return GateResult(False, f"N={n} is not a multiple of {row_multiple} ({p.out_dtype} output rows must be "
                                  f"16-byte aligned)")
+    if fam in ("fp8_block", "mx", "nvfp4") and n % BLOCK_SCALED_N_MULTIPLE:
+        return GateResult(False, f"N={n} is not a multiple of {BLOCK_SCALED_N_MULTIPLE} (cuBLAS's m in a "
+                                 f"block-scaling mode; TransformerEngine's cublaslt_gemm.cu requires it)")
     if fam == "fp8_block":
+        if p.out_dtype == jnp.dtype(jnp.float16):
+            return GateResult(False, "float16 output with VEC128_32F / BLK128x128_32F scales is not in NVIDIA's "
+                                     "tests (TransformerEngine tests bfloat16 and float32): refused until a GPU "
+                                     "test shows it works; ask for bfloat16 or float32")
         r = gates.check_all(["hopper", "cublaslt_blockwise_fp8"])
         if not r.supported:
             return GateResult(False, f"FP8 blockwise needs Hopper and cuBLAS >= 12.9 ({r.reason})")
@@ -74,7 +93,7 @@ def supports(p) -> GateResult:
                                      "FP8_1x128")
         if k % 128:
             return GateResult(False, f"K={k} is not a multiple of 128")
-        # (M is padded to a multiple of 4 in impl: the VEC128 scale layout needs it.)
+        # (M is padded to FP8_BLOCK_ROW_MULTIPLE in impl.)
         if p.has_global_scale:
             return GateResult(False, "FP8 blockwise operands carry no global scale")
     elif fam == "fp8_tensor":  # SCALAR_32F: every FP8 GPU (the fp8_tensor_cores gate)
@@ -109,7 +128,7 @@ def _prepare_on_local_gpus(p) -> GateResult:
     _ext.set_library_path("cublaslt", _libs.path("cublaslt"))
     b, m, n, k = p.bmnk
     if p.lhs_format.family == "fp8_block":
-        m = _round_up(m, 4)  # the M the call will run with (impl's _pad_rows_to_4)
+        m = _round_up(m, FP8_BLOCK_ROW_MULTIPLE)  # the M the call will run with (impl's _pad_rows)
     for dev in jax.local_devices(backend="cuda"):
         ok, why = _ext.module("cuda").cublaslt_prepare(
             dev.local_hardware_id, m, n, k, _dot.element_code(p.lhs_format), _dot.element_code(p.rhs_format),
@@ -134,7 +153,8 @@ def _tile_128x4(s):
 
 
 # The two FP8-blockwise scale layouts, from the cuBLAS docs ("Scaling factors layouts"), for cuBLAS's
-# A (= our rhs) and B (= our lhs); M and N (our rows) must be multiples of 4.
+# A (= our rhs) and B (= our lhs); M and N (our rows) must be multiples of 4 (we pad M to 16 and
+# require N % 8, which TransformerEngine checks too).
 def _rows_fastest(s):
     """VEC128_32F: (B, rows, Kb) fp32 -> per batch a rows x Kb matrix, rows contiguous ("M-major")."""
     return jnp.swapaxes(s, 1, 2).reshape(s.shape[0], -1)
@@ -169,10 +189,11 @@ def _operand(data, scale, info):
     return data, _blocks_k_fastest(scale) if info.two_d else _rows_fastest(scale)
 
 
-def _pad_rows_to_4(data, scale):
-    """FP8_1x128 lhs: zero rows (scale 1) up to a multiple of 4 rows, which the VEC128 scale
-    layout needs; their output rows are sliced off."""
-    extra = -data.shape[1] % 4
+def _pad_rows(data, scale, multiple=FP8_BLOCK_ROW_MULTIPLE):
+    """FP8_1x128 lhs: zero rows (scale 1) up to a multiple of ``multiple`` rows (cuBLAS's B operand
+    with VEC128_32F scales; the scale leading dimension becomes the padded M); their output rows
+    are sliced off."""
+    extra = -data.shape[1] % multiple
     if not extra:
         return data, scale
     return (jnp.pad(data, ((0, 0), (0, extra), (0, 0))),
@@ -199,7 +220,7 @@ def impl(lhs, rhs, p, sel):
     ra, rs = _dot.to_canonical(rhs, p.rhs_contract, p.rhs_batch)
     k, m = la.shape[2], la.shape[1]
     if p.lhs_format.family == "fp8_block":
-        la, ls = _pad_rows_to_4(la, ls)
+        la, ls = _pad_rows(la, ls)
     (la, ls), lmode = _operand(la, ls, p.lhs_format), _scale_mode(p.lhs_format)
     (ra, rs), rmode = _operand(ra, rs, p.rhs_format), _scale_mode(p.rhs_format)
     alpha = _dot.global_alpha(lhs, rhs, p)
@@ -211,10 +232,12 @@ def impl(lhs, rhs, p, sel):
 
 
 def register() -> None:
-    gates_needed = ("cuda_extension", "cuda_device", "cuda_driver", "fp8_tensor_cores", "cublaslt_dot_built")
+    gates_needed = ("cuda_extension", "cuda_device", "cuda_driver", "fp8_tensor_cores", "cublaslt_dot_built",
+                    "cublaslt_fp8")
     _dot.register_impl("cublaslt", backends.Backend(
         "cublaslt", ("cuda",), gates_needed,
         "cuBLASLt scaled FP8/FP4 matmul (per-tensor FP8; Hopper: 1x128/128x128; Blackwell: MXFP8/NVFP4)", supports,
-        takes="N with 16-byte output rows, K > 0; FP8_TENSOR (K, N % 16 == 0); on Hopper with cuBLAS >= 12.9 FP8_1x128 x FP8_128x128 or FP8_1x128 "
-              "(K % 128 == 0); on Blackwell with cuBLAS >= 12.8.4 MXFP8 / NVFP4 (K % 32 == 0); never E5M2 x E5M2; "
+        takes="N with 16-byte output rows, K > 0; FP8_TENSOR (K, N % 16 == 0); "
+              "N % 8 in every block-scaling mode; on Hopper with cuBLAS >= 12.9 FP8_1x128 x FP8_128x128 or "
+              "FP8_1x128 (K % 128 == 0; bfloat16 / float32 output); on Blackwell with cuBLAS >= 12.8.4 MXFP8 / NVFP4 (K % 32 == 0); never E5M2 x E5M2; "
               "when the heuristic finds an algorithm on every local GPU at trace time"), impl)

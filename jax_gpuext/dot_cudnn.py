@@ -1,6 +1,6 @@
 """The ``cudnn`` backend of ``block_scaled_dot``: a cuDNN graph on Blackwell.
 
-Graph (cudnn-frontend >= 1.10, cuDNN >= 9.7, sm_10x): ``block_scale_dequantize(lhs, s_lhs)`` and
+Graph (cudnn-frontend >= 1.13, cuDNN >= 9.7, sm_10x): ``block_scale_dequantize(lhs, s_lhs)`` and
 ``block_scale_dequantize(rhs, s_rhs)`` feeding one ``matmul`` with float32 compute; cuDNN fuses
 them into a block-scaled tensor-core kernel. Scales in the F8_128x4 tiled layout
 (``formats.to_blackwell_scale_layout``).
@@ -97,7 +97,7 @@ def probe(lhs_format, rhs_format, m: int, n: int, k: int, *, batch: int = 1, out
     infos = [_dot.format_info(f) for f in (lhs_format, rhs_format)]
     if any(i.family not in ("mx", "nvfp4") for i in infos):
         raise ValueError(f"dot_cudnn.probe: the cuDNN graph takes MXFP8/NVFP4, got {lhs_format}, {rhs_format}")
-    for g in ("cuda_extension", "cudnn_dot_built", "cuda_device"):
+    for g in ("cuda_extension", "cudnn_dot_built", "cuda_device", "cudnn_frontend_cudart"):
         gates.require(g, "dot_cudnn.probe")
     return _prepare(device, infos[0], infos[1], batch, m, n, k, out_dtype, fuse_alpha, drop_cublaslt_plans)
 
@@ -141,7 +141,8 @@ def impl(lhs, rhs, p, sel):
 def register() -> None:
     _dot.register_impl("cudnn", backends.Backend(
         "cudnn", ("cuda",),
-        ("cuda_extension", "cuda_device", "cuda_driver", "blackwell", "cudnn_block_scale", "cudnn_dot_built"),
+        ("cuda_extension", "cuda_device", "cuda_driver", "blackwell", "cudnn_block_scale", "cudnn_dot_built",
+         "cudnn_frontend_cudart"),
         "cuDNN graph: block_scale_dequantize x2 + matmul (Blackwell MXFP8/NVFP4)", supports,
         takes="MXFP8 (not E5M2 x E5M2) and NVFP4 with K % 128 == 0, when cuDNN builds the graph on every "
               "local GPU at trace time"), impl)

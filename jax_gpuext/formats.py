@@ -10,6 +10,7 @@ states the rules.
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 
 import jax
@@ -19,6 +20,7 @@ from jax import lax
 
 from jax_gpuext import _ffi, backends, gates
 from jax_gpuext import _formats_reference as ref
+from jax_gpuext.errors import UnsupportedError
 
 QUANTIZE_OP = "quantize"
 DEQUANTIZE_OP = "dequantize"
@@ -74,12 +76,47 @@ FORMATS = {f.name: f for f in (MXFP8_E4M3, MXFP8_E5M2, NVFP4, FP8_1x128, FP8_128
 # The element name of each MX format in _formats_reference.ELEMENTS.
 _MX_ELEMENTS = {"MXFP8_E4M3": "e4m3", "MXFP8_E5M2": "e5m2", "MXFP4": "e2m1"}
 _ROUNDING_CODES = {"up": 0, "ocp": 1}
-# How XLA lays out float4_e2m1fn buffers, per platform: False = one value per byte (low nibble),
-# True = two per byte, element 2i in the low nibble. FFI buffers cannot tell (their size_bytes()
-# is ByteWidth * count = one byte each), so this table does. CPU: packed, found with jaxlib 0.10.2
-# (an unpacked write corrupted memory; the bit-exact NVFP4 tests pin it). CUDA: assumed packed
-# like CPU, unconfirmed; tests/test_formats_gpu.py::test_float4_buffer_layout determines it.
-FP4_PACKED = {"cpu": True, "cuda": True}
+
+
+class _Fp4Packed(collections.abc.MutableMapping):
+    """How XLA lays out float4_e2m1fn buffers, per platform, as the handlers' ``fp4_packed``
+    attribute: True = two per byte, element 2i in the low nibble; False = one per byte (low
+    nibble). FFI buffers cannot tell, so the layout is measured on the device once per process
+    (``jax_gpuext.fp4_layout``); a platform whose layout the handlers cannot read raises (the
+    formats backends' ``supports()`` refuse it first). ``FP4_PACKED[platform] = bool`` overrides the
+    probe (said in every ``explain``); ``del`` restores it."""
+
+    def __init__(self):
+        self._overrides: dict[str, bool] = {}
+
+    def layout(self, platform: str):
+        from jax_gpuext import fp4_layout
+
+        if platform in self._overrides:
+            name = fp4_layout.LOW_FIRST if self._overrides[platform] else fp4_layout.ONE_PER_BYTE
+            return fp4_layout.Layout(platform, name, "set by hand in jax_gpuext.formats.FP4_PACKED")
+        return fp4_layout.probe(platform)
+
+    def __getitem__(self, platform: str) -> bool:
+        layout = self.layout(platform)
+        if layout.packed is None:
+            raise UnsupportedError(f"our handlers cannot read {layout.describe()}", reason=layout.how)
+        return layout.packed
+
+    def __setitem__(self, platform: str, packed: bool) -> None:
+        self._overrides[platform] = bool(packed)
+
+    def __delitem__(self, platform: str) -> None:
+        del self._overrides[platform]
+
+    def __iter__(self):
+        return iter(("cpu", "cuda"))
+
+    def __len__(self) -> int:
+        return 2
+
+
+FP4_PACKED = _Fp4Packed()
 
 
 @jax.tree_util.register_pytree_node_class
@@ -171,23 +208,36 @@ def _check_global_scale(global_scale, fmt: BlockFormat):
 
 
 # --------------------------------------------------------------------------- backends
-def _problem_supported(problem) -> gates.GateResult:
-    return gates.GateResult(True, "every format, dtype and shape")
+def _handler_supports(platform: str):
+    """The FFI backends take every format, dtype and shape, once XLA's float4 layout on
+    ``platform`` is one the handlers read (measured, jax_gpuext.fp4_layout)."""
+    def supports(problem) -> gates.GateResult:
+        fmt = problem[0]
+        if fmt.elem_dtype != jnp.dtype(jnp.float4_e2m1fn):
+            return gates.GateResult(True, "every format, dtype and shape")
+        layout = FP4_PACKED.layout(platform)
+        return gates.GateResult(layout.packed is not None, layout.describe())
+    return supports
+
+
+def _note_fp4_layout(sel, fmt) -> None:
+    if sel.chosen in ("cpu", "cuda") and fmt.elem_dtype == jnp.dtype(jnp.float4_e2m1fn):
+        backends.note(sel, FP4_PACKED.layout(sel.chosen).describe())
 
 
 backends.register(QUANTIZE_OP, backends.Backend(
     "cuda", ("cuda",), ("cuda_extension", "cuda_device"),
     "CUDA kernels (gpuext_quantize): one pass for block formats, amax + rounding for FP8_TENSOR",
-    _problem_supported))
+    _handler_supports("cuda")))
 backends.register(QUANTIZE_OP, backends.Backend(
-    "cpu", ("cpu",), ("cpu_extension",), "C++ CPU handler (gpuext_quantize)", _problem_supported))
+    "cpu", ("cpu",), ("cpu_extension",), "C++ CPU handler (gpuext_quantize)", _handler_supports("cpu")))
 backends.register(QUANTIZE_OP, backends.Backend(
     "reference", ("cpu", "cuda"), (), "pure-jnp reference on bit patterns"))
 backends.register(DEQUANTIZE_OP, backends.Backend(
     "cuda", ("cuda",), ("cuda_extension", "cuda_device"),
-    "CUDA kernel (gpuext_dequantize), 8 elements per thread where rows allow", _problem_supported))
+    "CUDA kernel (gpuext_dequantize), 8 elements per thread where rows allow", _handler_supports("cuda")))
 backends.register(DEQUANTIZE_OP, backends.Backend(
-    "cpu", ("cpu",), ("cpu_extension",), "C++ CPU handler (gpuext_dequantize)", _problem_supported))
+    "cpu", ("cpu",), ("cpu_extension",), "C++ CPU handler (gpuext_dequantize)", _handler_supports("cpu")))
 backends.register(DEQUANTIZE_OP, backends.Backend(
     "reference", ("cpu", "cuda"), (), "pure-jnp reference on bit patterns"))
 
@@ -217,6 +267,7 @@ def quantize(x, fmt, *, axis: int = -1, scale_rounding: str = "up", global_scale
     if fmt.has_global_scale and g is None:
         g = ref.nvfp4_global_scale(x)
     sel = backends.select(QUANTIZE_OP, backend, problem=(fmt, x.shape, x.dtype))
+    _note_fp4_layout(sel, fmt)
     if sel.chosen == "reference":
         data, scale = _quantize_reference(x, fmt, ax, scale_rounding, g)
     else:
@@ -320,8 +371,10 @@ def _scale_to_bits(scale):
     return lax.bitcast_convert_type(scale, jnp.uint8).astype(jnp.uint32)
 
 
-def _fp4_packed(backend: str):
-    return np.int32(FP4_PACKED[backend])
+def _fp4_packed(backend: str, fmt: BlockFormat):
+    """The handlers' fp4_packed attribute; only formats with float4 elements ask for (and so probe)
+    the layout."""
+    return np.int32(fmt.elem_dtype == jnp.dtype(jnp.float4_e2m1fn) and FP4_PACKED[backend])
 
 
 def _ffi_global_scale(g):
@@ -335,7 +388,7 @@ def _quantize_ffi(x, fmt: BlockFormat, axis: int, rounding: str, g, backend: str
     # and the handler gives each leading index of the global scale its own value.
     return _ffi.ffi_call(QUANTIZE_TARGET, out, x, _ffi_global_scale(g), vmap_method="broadcast_all",
                          format=np.int32(fmt.code), axis=np.int64(axis),
-                         scale_rounding=np.int32(_ROUNDING_CODES[rounding]), fp4_packed=_fp4_packed(backend))
+                         scale_rounding=np.int32(_ROUNDING_CODES[rounding]), fp4_packed=_fp4_packed(backend, fmt))
 
 
 # --------------------------------------------------------------------------- dequantize
@@ -359,13 +412,14 @@ def dequantize(q: BlockScaledArray, dtype=jnp.float32, *, backend: str = "auto")
     if fmt.has_global_scale and q.global_scale is None:
         raise ValueError(f"{fmt.name}: global_scale is missing")
     sel = backends.select(DEQUANTIZE_OP, backend, problem=(fmt, q.data.shape, dtype))
+    _note_fp4_layout(sel, fmt)
     if sel.chosen == "reference":
         return _dequantize_reference(q, dtype)
     out = jax.ShapeDtypeStruct(q.data.shape, dtype)
     g = _ffi_global_scale(q.global_scale).astype(jnp.float32)
     return _ffi.ffi_call(DEQUANTIZE_TARGET, out, q.data, q.scale, g, vmap_method="broadcast_all",
                          format=np.int32(fmt.code), axis=np.int64(q.axis),
-                         fp4_packed=_fp4_packed(sel.chosen))
+                         fp4_packed=_fp4_packed(sel.chosen, fmt))
 
 
 def _expand_scale(scale, fmt: BlockFormat, axis: int, shape):

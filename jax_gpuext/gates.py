@@ -303,6 +303,22 @@ def _cudnn_fused_global_scale():
     return _library_at_least("cudnn", (9, 13, 0))
 
 
+@_gate("cudnn_frontend_cudart", "library", "at most one of libcudart.so.12 / .so.13 can be loaded",
+       "cudnn-frontend's dynamic-loading shim dlopens libcudart.so.12 and .so.13 by name and throws "
+       "'Multiple libcudart libraries found' when both load (a CUDA 12 runtime on LD_LIBRARY_PATH or in "
+       "ldconfig beside jax's CUDA 13 wheels); refused here with the files rather than failing inside a call")
+def _cudnn_frontend_cudart():
+    found = _libs.loadable_cudarts()
+    where = ", ".join(f"{soname} ({path or 'file unknown'})" for soname, path in found)
+    if len(found) > 1:
+        return GateResult(False, f"both load: {where}; make only the one matching jaxlib's CUDA loadable "
+                                 "(take the other off LD_LIBRARY_PATH / out of ldconfig, or uninstall its wheel)")
+    if not found:
+        return GateResult(True, "no libcudart.so.12/.13 loads: the block-scaled graph needs none (we set the SM "
+                                "version), only the frontend's logging would fail, cleanly")
+    return GateResult(True, f"only {where}")
+
+
 @_gate("cudnn_graph_safety_notes", "library", "cuDNN >= 9.15",
        "CUDNN_BEHAVIOR_NOTE_CUBLASLT_DEPENDENCY marks plans that are unsafe inside CUDA graphs")
 def _cudnn_graph_safety_notes():
@@ -314,6 +330,17 @@ def _cudnn_graph_safety_notes():
        "up to 12.8.3 cuBLASLt's heuristic cache can confuse an MXFP8 key with a non-block-scaled one")
 def _cublaslt_mx_scales():
     return _library_at_least("cublaslt", (12, 8, 4))
+
+
+@_gate("cublaslt_fp8", "library", "cuBLASLt 12.x/13.x loads; >= 12.1.3 on Ada (sm_89)",
+       "FP8 cublasLtMatmul (per-tensor SCALAR_32F scales, the mode every FP8 GPU has): TransformerEngine "
+       "requires cuBLASLt 12.1.3 for FP8 on Ada (quantization.py); Hopper FP8 is in every cuBLAS 12. We set no "
+       "A/B_SCALE_MODE for SCALAR_32F (the default), since cuBLAS < 12.8 rejects that attribute")
+def _cublaslt_fp8():
+    cc = compute_capability()
+    if cc is None:
+        return GateResult(False, "no CUDA device")
+    return _library_at_least("cublaslt", (12, 1, 3) if cc == (8, 9) else (12, 0, 0))
 
 
 @_gate("cublaslt_blockwise_fp8", "library", "cuBLASLt >= 12.9",

@@ -20,6 +20,7 @@ NO_LIBRARY = ("bool", "float8_e4m3fn", "float8_e5m2")  # nvshmemx_*_reduce_on_st
 # (13 dtypes x 3 algorithms - the 3 dtypes without nvshmem_library) x 4 ops x 5 sizes
 EXPECTED_CASES = 720
 TIMEOUT_TEST_S = 5.0
+ENV_EXIT = 3  # run_allreduce_mps.sh's "this machine cannot run it" status
 
 
 def main() -> int:
@@ -42,7 +43,11 @@ def main() -> int:
     try:
         info = distributed.initialize(workspace_bytes=1 << 20)
         print(f"rank {args.rank}: NVSHMEM PE {info.my_pe} of {info.n_pes}, {info.status}", flush=True)
-        assert info.init_status == distributed.FULL_MPG, f"NVSHMEM is {info.status!r}, not full MPG: is MPS running?"
+        if info.init_status != distributed.FULL_MPG:  # the machine, not our code (run_allreduce_mps.sh)
+            os.environ["JAX_GPUEXT_NVSHMEM_FINALIZE"] = "0"
+            print(f"ENVIRONMENT: NVSHMEM is {info.status!r}, not full MPG: several PEs on one GPU need CUDA MPS "
+                  "with full multi-process-per-GPU support", file=sys.stderr, flush=True)
+            return ENV_EXIT
         if args.mode == "bench":
             sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
             import bench_allreduce

@@ -7,7 +7,13 @@
 # group of its own, and the first rank to fail ends the run: the others would wait for it in
 # NVSHMEM until their own timeouts. On any exit, SIGTERM and SIGINT included, the ranks' groups
 # are killed and the MPS daemon is stopped.
+# Exit status 3 (ENV_EXIT) with a line "ENVIRONMENT: <why>" on stderr: this machine cannot run the
+# ranks (no MPS control binary, an MPS daemon that does not answer, NVSHMEM without full
+# multi-process-per-GPU support), as distinct from a failure of our code; write_results.py and
+# tests/test_allreduce.py report it as such.
 set -euo pipefail
+ENV_EXIT=3
+env_fail() { echo "ENVIRONMENT: $*" >&2; exit "$ENV_EXIT"; }
 NPROC=${1:?nproc}; MODE=${2:?mode}; shift 2
 PY=${PYTHON:-python3}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -34,7 +40,17 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 143' TERM
 trap 'exit 130' INT
-nvidia-cuda-mps-control -d
+command -v nvidia-cuda-mps-control >/dev/null \
+  || env_fail "nvidia-cuda-mps-control is not on PATH: several NVSHMEM PEs on one GPU need CUDA MPS"
+nvidia-cuda-mps-control -d || env_fail "nvidia-cuda-mps-control -d failed with exit status $?"
+# The daemon forks and opens its pipe in CUDA_MPS_PIPE_DIRECTORY: wait until it answers a query
+# (an empty server list is an answer), so a dead daemon is this reason, not NVSHMEM's limited MPG.
+answered=0
+for ((i = 0; i < 4 * ${MPS_WAIT_S:-10}; i++)); do
+  if echo get_server_list | timeout 5 nvidia-cuda-mps-control >/dev/null 2>&1; then answered=1; break; fi
+  sleep 0.25
+done
+((answered)) || env_fail "the MPS control daemon does not answer on $CUDA_MPS_PIPE_DIRECTORY (see its log below)"
 
 export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$((100 / NPROC))
 export XLA_PYTHON_CLIENT_PREALLOCATE=false NVSHMEM_DISABLE_NCCL=1 NVSHMEM_REMOTE_TRANSPORT=none
@@ -56,6 +72,14 @@ for ((r = 0; r < NPROC; r++)); do
 done
 rc=0
 for ((r = 0; r < NPROC; r++)); do
-  wait -n || { rc=$?; echo "a rank exited with status $rc: stopping the others" >&2; break; }
+  wait -n || {
+    rc=$?
+    if ((rc == ENV_EXIT)); then
+      echo "ENVIRONMENT: a rank could not run here (its ENVIRONMENT line says why): stopping the others" >&2
+    else
+      echo "a rank exited with status $rc: stopping the others" >&2
+    fi
+    break
+  }
 done
 exit $rc

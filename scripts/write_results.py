@@ -34,6 +34,11 @@ def _nvidia_smi() -> dict:
     return dict(zip(fields.split(","), [v.strip() for v in out[0].split(",")]))
 
 
+# scripts/run_allreduce_mps.sh (and so bench_allreduce) exits with this status, after a line
+# "ENVIRONMENT: <why>", when the machine cannot run it (no MPS, NVSHMEM without full MPG); a test
+# reports it with pytest.fail("ENVIRONMENT: ..."). Both are listed apart from code failures.
+ENV_EXIT = 3
+ENV_MARK = "ENVIRONMENT:"
 MAX_DETAIL_CHARS = 2000  # per failed test: enough for the assertion and where it fired
 LOG_TAIL_LINES = 25
 
@@ -88,6 +93,8 @@ def _tests(work: str) -> dict:
                      "seconds": float(case.get("time", 0))}
             if outcome != "passed":
                 entry["detail"] = _case_detail(case, outcome)
+                if outcome in ("failure", "error") and ENV_MARK in entry["detail"]:
+                    entry["cause"] = "environment"
             cases.append(entry)
     return {"ran": True, **counts, "cases": cases, "groups": [os.path.basename(p) for p in paths],
             "group_exits": exits, "cut_short": cut_short}
@@ -123,6 +130,10 @@ def _benchmarks(work: str) -> list[dict]:
                 b["log_tail"] = _tail(os.path.join(work, name + ".txt"))
                 if exits[name] == 124:
                     b["error"] = (b.get("error", "") + "; timed out (the step's bound)").lstrip("; ")
+                if exits[name] == ENV_EXIT:
+                    why = [ln for ln in b["log_tail"] if ENV_MARK in ln] or ["(no ENVIRONMENT line in the log)"]
+                    b["cause"] = "environment"
+                    b["error"] = (b.get("error", "") + "; the machine could not run it: " + why[0]).lstrip("; ")
         benches.append(b)
     return benches
 
@@ -215,10 +226,13 @@ def main() -> None:
             md += [f"### Group `{g['group']}` was cut short (exit status {g['exit_status']}); its log ends", "",
                    "```", *g["log_tail"], "```", ""]
         failed = [c for c in cases if c["outcome"] in ("failure", "error")]
-        if failed:
-            md += ["### Why they failed", ""]
-            for c in failed:
-                md += [f"`{c['test']}` ({c['outcome']})", "", "```", c.get("detail") or "(no message)", "```", ""]
+        for title, group in (("Why they failed", [c for c in failed if c.get("cause") != "environment"]),
+                             ("Failed for an environment reason (not a code failure)",
+                              [c for c in failed if c.get("cause") == "environment"])):
+            if group:
+                md += [f"### {title}", ""]
+                for c in group:
+                    md += [f"`{c['test']}` ({c['outcome']})", "", "```", c.get("detail") or "(no message)", "```", ""]
         skipped = [c for c in cases if c["outcome"] == "skipped"]
         if skipped:
             md += ["### Why they were skipped", ""] + [f"- `{c['test']}`: {c.get('detail', '')}" for c in skipped] + [""]

@@ -342,21 +342,52 @@ def test_cublaslt_fp8_blockwise_scale_layouts_match_the_cublas_docs():
 
 
 def test_cublaslt_pads_activation_rows_and_checks_output_row_alignment():
+    """The 1x128 lhs (cuBLAS's B, VEC128_32F) is padded to 16 rows (TransformerEngine needs % 8,
+    NVIDIA tests % 16), N (cuBLAS's m) must be % 8 in every block-scaling mode, and float16
+    output is refused for FP8 blockwise (not in NVIDIA's tests): all decided before any GPU."""
     from jax_gpuext import dot_cublaslt
 
+    assert dot_cublaslt.FP8_BLOCK_ROW_MULTIPLE == 16 and dot_cublaslt.BLOCK_SCALED_N_MULTIPLE == 8
     data, scale = jnp.ones((1, 33, 256), jnp.float8_e4m3fn), jnp.full((1, 33, 2), 2.0, jnp.float32)
-    d, s = dot_cublaslt._pad_rows_to_4(data, scale)
-    assert d.shape == (1, 36, 256) and s.shape == (1, 36, 2)
+    d, s = dot_cublaslt._pad_rows(data, scale)
+    assert d.shape == (1, 48, 256) and s.shape == (1, 48, 2)
     assert not np.asarray(d[:, 33:].astype(jnp.float32)).any() and (np.asarray(s[:, 33:]) == 1).all()
+    d, s = dot_cublaslt._pad_rows(data[:, :32], scale[:, :32])
+    assert d.shape == (1, 32, 256)  # already a multiple: no copy
     x = gx.quantize(rand(44, (8, 64), 2.0), gx.FP8_TENSOR)
     for n, out, ok in [(32, jnp.bfloat16, True), (36, jnp.float32, False), (40, jnp.float32, False)]:
         w = gx.quantize(rand(45, (n, 64)), gx.FP8_TENSOR)
         r = dot_cublaslt.supports(dot_mod._problem(x, w, (((1,), (1,)), ((), ())), jnp.dtype(out)))
         assert r.supported == ok, r.reason
-    w = gx.quantize(rand(46, (36, 128)), gx.FP8_1x128)
-    r = dot_cublaslt.supports(dot_mod._problem(gx.quantize(rand(47, (8, 128)), gx.FP8_1x128), w,
-                                               (((1,), (1,)), ((), ())), jnp.dtype(jnp.bfloat16)))
-    assert not r.supported and "N=36" in r.reason
+    xb = gx.quantize(rand(47, (8, 128)), gx.FP8_1x128)
+    for fmt_r, n, out, why in [(gx.FP8_1x128, 36, jnp.float32, "N=36"), (gx.FP8_128x128, 260, jnp.float32, "N=260"),
+                               (gx.FP8_128x128, 256, jnp.float16, "float16"), (gx.FP8_1x128, 8, jnp.float16, "float16")]:
+        w = gx.quantize(rand(46, (n, 128)), fmt_r)
+        r = dot_cublaslt.supports(dot_mod._problem(xb, w, (((1,), (1,)), ((), ())), jnp.dtype(out)))
+        assert not r.supported and why in r.reason, r.reason
+    for fmt in (gx.MXFP8_E4M3, gx.NVFP4):  # N % 8 in the Blackwell modes too, before any hardware gate
+        r = dot_cublaslt.supports(dot_mod._problem(gx.quantize(rand(48, (8, 64)), fmt), gx.quantize(rand(49, (12, 64)), fmt),
+                                                   (((1,), (1,)), ((), ())), jnp.dtype(jnp.bfloat16)))
+        assert not r.supported and "N=12" in r.reason, r.reason
+
+
+def test_cublaslt_reads_padded_1x128_scales_with_the_padded_leading_dimension():
+    """impl's padding + layout, read back the way cuBLAS reads VEC128_32F for its B operand
+    (element (r, kb) at kb * ld + r, ld = the padded M): real rows get their scales, padding rows
+    scale 1 over zero data, so the sliced-off output rows are the only ones they touch."""
+    from jax_gpuext import dot_cublaslt
+
+    rng = np.random.default_rng(8)
+    for m, kb in [(33, 3), (16, 2), (1, 1)]:
+        s = rng.random((2, m, kb)).astype(np.float32) + 0.5
+        d, sp = dot_cublaslt._pad_rows(jnp.zeros((2, m, kb * 128), jnp.float8_e4m3fn), jnp.asarray(s))
+        ld = -(-m // 16) * 16
+        buf = np.asarray(dot_cublaslt._operand(d, sp, dot_mod.format_info(gx.FP8_1x128))[1])
+        assert d.shape[1] == ld and buf.shape == (2, kb * ld)
+        for b in range(2):
+            read = np.array([[buf[b, i * ld + r] for i in range(kb)] for r in range(ld)])
+            np.testing.assert_array_equal(read[:m], s[b])
+            assert (read[m:] == 1).all()
 
 
 def test_scaled_dot_general_batch_dims_vmap_and_jit():
@@ -546,7 +577,7 @@ def test_gpu_backend_matches_reference(fmt_l, fmt_r, backend):
 @pytest.mark.gates("hopper", "cublaslt_dot_built")
 @pytest.mark.parametrize("fmt_r", [gx.FP8_128x128, gx.FP8_1x128], ids=["128x128", "1x128"])
 def test_gpu_cublaslt_fp8_blockwise_ragged_and_batched(fmt_r):
-    """Odd M (padded to 4 rows), a partial last N block, an odd K-block count (BLK128x128's
+    """Odd M (padded to 16 rows), a partial last N block, an odd K-block count (BLK128x128's
     padded column stride) and 3 batches (per-batch pointer offsets): where scale layouts break."""
     lhs = gx.quantize(rand(32, (3, 33, 384)), gx.FP8_1x128)
     rhs = gx.quantize(rand(33, (3, 136, 384), 0.1), fmt_r)

@@ -160,3 +160,26 @@ def test_gpu_probe_answers_and_agrees_with_the_backend():
         if gates.check("blackwell").supported:
             assert r["supported"], r["reason"]
             assert 0 <= r["workspace_bytes"] <= dot_cudnn.WORKSPACE_BYTES
+
+
+def test_cudart_gate_refuses_two_runtimes_for_the_frontend_shim(monkeypatch):
+    """cudnn-frontend's dynamic-loading shim throws "Multiple libcudart libraries found" when both
+    libcudart.so.12 and .so.13 load (issue 14 item 6): the gate says so first, with the files."""
+    from jax_gpuext import _libs
+
+    found = _libs.loadable_cudarts()  # the real search on this machine: a list, never an exception
+    assert all(soname in _libs.CUDART_SONAMES for soname, _ in found)
+    cases = [([("libcudart.so.12", "/a/libcudart.so.12"), ("libcudart.so.13", "/b/libcudart.so.13")], False),
+             ([("libcudart.so.13", "/b/libcudart.so.13")], True), ([], True)]
+    try:
+        for loadable, ok in cases:
+            monkeypatch.setattr(_libs, "loadable_cudarts", lambda loadable=loadable: loadable)
+            gates.clear_cache()
+            r = gates.check("cudnn_frontend_cudart")
+            assert r.supported == ok, r.reason
+            if not ok:
+                assert "/a/libcudart.so.12" in r.reason and "/b/libcudart.so.13" in r.reason
+    finally:
+        gates.clear_cache()
+    backend = next(b for b in backends.backends(dot_mod.OP) if b.name == "cudnn")
+    assert "cudnn_frontend_cudart" in backend.gates

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 import pytest
 
@@ -17,42 +16,17 @@ pytestmark = pytest.mark.gpu
 
 
 def test_float4_buffer_layout():
-    """Reads an XLA-made float4 array through gpuext_dequantize assuming the *packed* layout:
-    reading n/2 bytes is in bounds whichever layout XLA uses. What comes back tells the layout:
-    packed low nibble first (FP4_PACKED['cuda'] = True), packed high nibble first (no setting
-    fits: the kernels would need to change) or one value per byte (FP4_PACKED['cuda'] = False)."""
-    dev = jax.devices("cuda")[0]
-    codes = np.arange(4096) % 16
-    values = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], np.float32)[codes]
-    data = jax.device_put(jnp.asarray(values.reshape(1, -1)).astype(jnp.float4_e2m1fn), dev)
-    scale = jax.device_put(jnp.full((1, 4096 // 16), 0x38, jnp.uint8).view(jnp.float8_e4m3fn), dev)
-    g = jax.device_put(jnp.ones((), jnp.float32), dev)
-    saved = formats.FP4_PACKED["cuda"]
-    try:
-        formats.FP4_PACKED["cuda"] = True
-        q = gx.BlockScaledArray(data, scale, g, gx.NVFP4, -1)
-        y = np.asarray(jax.jit(lambda q: gx.dequantize(q, backend="cuda"))(q))
-    finally:
-        formats.FP4_PACKED["cuda"] = saved
-    y = y.reshape(-1)
-    # What the packed read returns under each layout XLA could use (compared as bits: -0.0 counts).
-    # One per byte: byte i holds element i alone, so element 2i reads code i and 2i+1 the zero
-    # high nibble.
-    layouts = {
-        "packed, low nibble first": values,
-        "packed, high nibble first": values.reshape(-1, 2)[:, ::-1].ravel(),
-        "one per byte": np.stack([values[:2048], np.zeros(2048, np.float32)], -1).ravel(),
-    }
-    matches = [name for name, want in layouts.items() if (y.view(np.uint32) == want.view(np.uint32)).all()]
-    nibbles = y.astype(ml_dtypes.float4_e2m1fn).view(np.uint8)
-    read = " ".join(f"{b:02x}" for b in nibbles[:32:2] | nibbles[1:32:2] << 4)  # the first 16 bytes as read
-    assert len(matches) == 1, f"XLA's CUDA float4_e2m1fn buffer fits {matches or 'no known layout'}; bytes: {read}"
-    assert matches[0] != "packed, high nibble first", (
-        "XLA's CUDA float4_e2m1fn buffers are packed with element 2i in the HIGH nibble: FP4_PACKED cannot "
-        f"express that; the packing in csrc/formats/block_scaled_io.h and the kernels must change (bytes: {read})")
-    packed = matches[0] == "packed, low nibble first"
-    assert packed == saved, (f"XLA's CUDA float4_e2m1fn buffers are {matches[0]}: "
-                             f"set jax_gpuext.formats.FP4_PACKED['cuda'] = {packed}")
+    """XLA's CUDA float4_e2m1fn layout, measured by jax_gpuext.fp4_layout (an XLA-written buffer
+    read back through gpuext_dequantize as packed): one our handlers read, and what FP4_PACKED
+    hands them. Packed high nibble first would need the packing in csrc/formats/block_scaled_io.h
+    and the kernels to change; the backends refuse it meanwhile (test_fp4_layout.py)."""
+    from jax_gpuext import fp4_layout
+
+    fp4_layout.forget()
+    layout = fp4_layout.probe("cuda")
+    assert layout.layout in (fp4_layout.LOW_FIRST, fp4_layout.ONE_PER_BYTE), layout.describe()
+    assert formats.FP4_PACKED["cuda"] == layout.packed
+    print(layout.describe())  # the results file keeps it
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=IDS)

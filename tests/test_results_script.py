@@ -14,13 +14,19 @@ import jax_gpuext
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def test_write_results_collects_benchmarks_probes_tests_and_plots(tmp_path):
+def _work_dirs(tmp_path):
+    """gpu_run.sh's work directory (with this machine's `info --json`) and an empty results one."""
     work, out = tmp_path / "work", tmp_path / "results"
     work.mkdir()
     out.mkdir()
     info = subprocess.run([sys.executable, "-P", "-m", "jax_gpuext", "info", "--json"], capture_output=True,
                           text=True, check=True, cwd=tmp_path).stdout
     (work / "info.json").write_text(info)
+    return work, out
+
+
+def test_write_results_collects_benchmarks_probes_tests_and_plots(tmp_path):
+    work, out = _work_dirs(tmp_path)
     (work / "bench_dot.json").write_text(json.dumps(
         {"benchmark": "bench_dot", "rows": [{"M": 8192, "bf16": 612.5, "cublaslt_fp8_blockwise": 901.25}],
          "notes": ["a note"]}))
@@ -161,3 +167,57 @@ def test_gpu_run_script_on_a_machine_without_a_gpu(tmp_path):
         assert b["exit_status"] == 2 and b["error"] == "wrote no results", (name, b)
         assert any("need" in line for line in b["log_tail"]), (name, b["log_tail"])
     assert js.with_suffix(".md").read_text().count("exit status 2") == len(scripts)
+
+
+def _run_mps_script(tmp_path, stand_in: str | None):
+    """run_allreduce_mps.sh with PATH holding the system tools and, optionally, a stand-in
+    nvidia-cuda-mps-control; no rank ever starts on this machine."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if stand_in is not None:
+        tool = bin_dir / "nvidia-cuda-mps-control"
+        tool.write_text("#!/bin/bash\n" + stand_in)
+        tool.chmod(0o755)
+    return subprocess.run(["bash", str(ROOT / "scripts" / "run_allreduce_mps.sh"), "2", "plain"],
+                          capture_output=True, text=True, timeout=60,
+                          env={"PATH": f"{bin_dir}:/usr/bin:/bin", "MPS_WAIT_S": "1", "PYTHON": sys.executable})
+
+
+def test_mps_script_reports_the_environment_apart_from_code_failures(tmp_path):
+    """No MPS control binary, or a daemon that never answers: exit status 3 and an ENVIRONMENT
+    line, before any rank starts (issue 14 item 9)."""
+    (tmp_path / "none").mkdir()
+    r = _run_mps_script(tmp_path / "none", None)
+    assert r.returncode == 3, r.stderr
+    assert "ENVIRONMENT: nvidia-cuda-mps-control is not on PATH" in r.stderr
+    (tmp_path / "mute").mkdir()
+    r = _run_mps_script(tmp_path / "mute", 'if [ "$1" = -d ]; then exit 0; fi\nexit 1\n')
+    assert r.returncode == 3, r.stderr
+    assert "ENVIRONMENT: the MPS control daemon does not answer" in r.stderr
+    assert "RANK" not in r.stdout
+
+
+def test_write_results_lists_environment_failures_apart(tmp_path):
+    work, out = _work_dirs(tmp_path)
+    (work / "gpu-tests-main.xml").write_text(
+        '<testsuite tests="2" failures="2" errors="0" skipped="0">'
+        '<testcase classname="t" name="mps" time="1"><failure message="Failed: ENVIRONMENT: no MPS">'
+        "E       Failed: ENVIRONMENT: this machine cannot run 2 ranks under MPS: ['ENVIRONMENT: no MPS']\n"
+        "tests/test_allreduce.py:266: Failed</failure></testcase>"
+        '<testcase classname="t" name="code" time="1"><failure message="AssertionError">'
+        "E       AssertionError: wrong sum\ntests/test_allreduce.py:12: AssertionError</failure></testcase>"
+        "</testsuite>")
+    (work / "test_exits.txt").write_text("main 1\n")
+    (work / "bench_exits.txt").write_text("bench_allreduce 3\n")
+    (work / "bench_allreduce.txt").write_text("starting\nENVIRONMENT: nvidia-cuda-mps-control is not on PATH\n")
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "write_results.py"), "--work", str(work),
+                    "--out-dir", str(out), "--tests-status", "1"], check=True, env={"PATH": "/usr/bin:/bin"})
+    (js,) = out.glob("*.json")
+    result = json.loads(js.read_text())
+    mps, code = result["gpu_tests"]["cases"]
+    assert mps["cause"] == "environment" and "cause" not in code
+    (bench,) = result["benchmarks"]
+    assert bench["cause"] == "environment" and "not on PATH" in bench["error"]
+    md = js.with_suffix(".md").read_text()
+    env_at, code_at = md.index("### Failed for an environment reason"), md.index("### Why they failed")
+    assert md.index("`t::code`", code_at) < env_at < md.index("`t::mps`", env_at)

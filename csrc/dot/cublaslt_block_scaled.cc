@@ -89,9 +89,13 @@ Status Describe(const CublasLtApi* api, const BlockScaledMatmul& p, Descriptors&
   // default host mode, which is what NVIDIA's own FP8 block-scaling users run with).
   const cublasLtPointerMode_t mode = DeviceAlpha(p) ? CUBLASLT_POINTER_MODE_DEVICE : CUBLASLT_POINTER_MODE_HOST;
   GPUEXT_CUBLAS_RETURN_IF_ERROR(SetOp(api, ds.op, CUBLASLT_MATMUL_DESC_POINTER_MODE, mode));
+  // SCALAR_32F is the default mode, and cuBLAS < 12.8 does not know the scale-mode attributes
+  // (CUBLAS_STATUS_INVALID_VALUE): set them only for block scaling (which needs >= 12.8 anyway).
   const int32_t a_mode = p.rhs_scale_mode, b_mode = p.lhs_scale_mode;
-  GPUEXT_CUBLAS_RETURN_IF_ERROR(SetOp(api, ds.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, a_mode));
-  GPUEXT_CUBLAS_RETURN_IF_ERROR(SetOp(api, ds.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, b_mode));
+  if (a_mode != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F || b_mode != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F) {
+    GPUEXT_CUBLAS_RETURN_IF_ERROR(SetOp(api, ds.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, a_mode));
+    GPUEXT_CUBLAS_RETURN_IF_ERROR(SetOp(api, ds.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, b_mode));
+  }
   GPUEXT_CUBLAS_RETURN_IF_ERROR(api->MatrixLayoutCreate(&ds.a, p.rhs_type, p.k, p.n, p.k));
   GPUEXT_CUBLAS_RETURN_IF_ERROR(api->MatrixLayoutCreate(&ds.b, p.lhs_type, p.k, p.m, p.k));
   GPUEXT_CUBLAS_RETURN_IF_ERROR(api->MatrixLayoutCreate(&ds.d, p.out_type, p.n, p.m, p.n));
@@ -162,9 +166,61 @@ Status StandInScales(int device, const char** out) {
   return Status::Ok();
 }
 
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t RoundUp(int64_t a, int64_t b) { return CeilDiv(a, b) * b; }
+
+bool KnownMode(int mode) {
+  switch (mode) {
+    case CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F:
+    case CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3:
+    case CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0:
+    case CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F:
+    case CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F:
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace
 
+size_t ScaleBytesPerBatch(int mode, int64_t rows, int64_t k) {
+  switch (mode) {
+    case CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F:
+      return 4;
+    case CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F:  // K-blocks x rows, rows fastest
+      return static_cast<size_t>(CeilDiv(k, 128) * rows) * 4;
+    case CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F:  // row blocks x round_up(K-blocks, 4)
+      return static_cast<size_t>(CeilDiv(rows, 128) * RoundUp(CeilDiv(k, 128), 4)) * 4;
+    case CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0:  // 128x4 tiles of one-byte scales
+      return static_cast<size_t>(RoundUp(rows, 128) * RoundUp(CeilDiv(k, 32), 4));
+    case CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3:
+      return static_cast<size_t>(RoundUp(rows, 128) * RoundUp(CeilDiv(k, 16), 4));
+    default:
+      return 0;
+  }
+}
+
+Status CheckBlockScaledMatmul(const BlockScaledMatmul& p) {
+  if (!KnownMode(p.lhs_scale_mode) || !KnownMode(p.rhs_scale_mode)) {
+    return Status::Error("unknown cuBLASLt scale mode (lhs " + std::to_string(p.lhs_scale_mode) + ", rhs " +
+                         std::to_string(p.rhs_scale_mode) + ")");
+  }
+  const bool block_scaled = p.lhs_scale_mode != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F ||
+                            p.rhs_scale_mode != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+  if (block_scaled && p.n % kBlockScaledNMultiple) {
+    return Status::Error("N=" + std::to_string(p.n) + " must be a multiple of " +
+                         std::to_string(kBlockScaledNMultiple) + " with block scaling (cuBLAS's m)");
+  }
+  if (p.lhs_scale_mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F && p.m % kVec128RowMultiple) {
+    return Status::Error("M=" + std::to_string(p.m) + " of a VEC128_32F-scaled lhs must be padded to a multiple of " +
+                         std::to_string(kVec128RowMultiple) + " (jax_gpuext pads it; cuBLAS's B operand)");
+  }
+  return Status::Ok();
+}
+
 Status PrepareBlockScaledMatmul(const std::string& library_path, int device, const BlockScaledMatmul& p) {
+  GPUEXT_RETURN_IF_ERROR(CheckBlockScaledMatmul(p));
   const CublasLtApi* api = nullptr;
   GPUEXT_RETURN_IF_ERROR(LoadCublasLt(library_path, &api));
   ScopedDevice scoped;
@@ -189,6 +245,7 @@ CublasLtPlanStats GetCublasLtPlanStats() {
 
 Status RunBlockScaledMatmul(const std::string& library_path, int device_ordinal, const BlockScaledMatmul& p,
                             cudaStream_t stream) {
+  GPUEXT_RETURN_IF_ERROR(CheckBlockScaledMatmul(p));
   const CublasLtApi* api = nullptr;
   GPUEXT_RETURN_IF_ERROR(LoadCublasLt(library_path, &api));
   ScopedDevice scoped;  // the stream's device, whichever device this thread had current

@@ -52,6 +52,25 @@ inline bool OutTypeOfCode(int32_t code, cudaDataType_t* out) {
   }
 }
 
+// Rows of the lhs (cuBLAS's B) when its scales are VEC128_32F: Python pads M to this multiple
+// (jax_gpuext/dot_cublaslt.py FP8_BLOCK_ROW_MULTIPLE). TransformerEngine requires % 8 of a 1-D
+// quantized B and NVIDIA tests only % 16.
+constexpr int64_t kVec128RowMultiple = 16;
+// cuBLAS's m (our N) in every block-scaling mode (TransformerEngine's cublaslt_gemm.cu).
+constexpr int64_t kBlockScaledNMultiple = 8;
+
+// The problem's shape invariants for its scale modes (mode values known, M and N multiples as
+// above): checked by Prepare and Run both, so a call that skipped the Python checks (another
+// caller, a hand-written HLO) gets an error naming the rule rather than "no algorithm" or a
+// wrong result.
+Status CheckBlockScaledMatmul(const BlockScaledMatmul& p);
+
+// Bytes of one batch entry's scales of an operand with `rows` rows and `k` logical columns in
+// cuBLASLt scale mode `mode` (cuBLAS docs, "Scaling factors layouts"; the layouts
+// jax_gpuext/dot_cublaslt.py writes), or 0 for an unknown mode. The handler checks the scale
+// buffers against it so cuBLASLt never reads past them.
+size_t ScaleBytesPerBatch(int mode, int64_t rows, int64_t k);
+
 // Runs the matmul on `stream` with the algorithm PrepareBlockScaledMatmul cached for the
 // (device, shape, types, modes, workspace) key (asking the heuristic here only if nothing
 // prepared it), so every call, and every replay of a CUDA graph recorded from one, launches the

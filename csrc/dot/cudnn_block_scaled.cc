@@ -1,7 +1,7 @@
 // The cuDNN graph behind csrc/dot/cudnn_block_scaled.h. The only translation unit that includes
 // cudnn-frontend (a large header library: compile it as host C++ with g++, REFERENCE section 4).
 //
-// Graph (cuDNN >= 9.7, frontend >= 1.10, Blackwell; docs.nvidia.com/cudnn "Block Scaling"):
+// Graph (cuDNN >= 9.7, frontend >= 1.13, Blackwell; docs.nvidia.com/cudnn "Block Scaling"):
 //   A  (B, M, K)  strides (M*K, K, 1)      --block_scale_dequantize(SA)--\
 //                                                                       matmul (fp32) [* alpha] -> out
 //   Bt (B, K, N)  strides (K*N, 1, K)      --block_scale_dequantize(SB)--/
@@ -18,6 +18,7 @@
 #include <mutex>
 #include <tuple>
 #include <unordered_map>
+#include <vector>
 
 #include "csrc/common/cuda_check.h"
 #include "csrc/common/open_library.h"
@@ -26,8 +27,8 @@
 #if !defined(NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING)
 #error "build with -DNV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING: _cuda must import without libcudnn"
 #endif
-#if CUDNN_FRONTEND_VERSION < 11000
-#error "cudnn-frontend >= 1.10 is needed for block_scale_dequantize"
+#if CUDNN_FRONTEND_VERSION < 11300
+#error "cudnn-frontend >= 1.13 is needed: block_scale_dequantize with a per-axis block size vector"
 #endif
 
 // The frontend declares this handle and resolves every cuDNN entry point through it; we set it
@@ -108,6 +109,14 @@ ScaleSpec ScaleOf(CudnnElement e) {
                                   : ScaleSpec{32, fe::DataType_t::FP8_E8M0};
 }
 
+// The block size per axis of the last two dims, as cudnn-frontend >= 1.13 samples pass it
+// (samples/cpp/matmul/blackwell_nvfp4_mxfp8_block_scale_matmul.cpp): A (B, M, K) blocks along its
+// last axis, {1, block}; Bt (B, K, N) along its middle one, {block, 1}. The frontend-1.10 scalar
+// form left the axis for cuDNN to infer.
+std::vector<int32_t> BlockAlongK(int32_t block, bool k_is_last) {
+  return k_is_last ? std::vector<int32_t>{1, block} : std::vector<int32_t>{block, 1};
+}
+
 // Tensor uids: execute() binds device pointers by uid.
 enum Uid : int64_t { kA = 1, kB, kScaleA, kScaleB, kAlpha, kOut };
 
@@ -137,8 +146,10 @@ Status Build(const CudnnBlockScaledMatmul& p, int device, cudnnHandle_t handle, 
   namespace g = fe::graph;
   auto graph = std::make_shared<g::Graph>();
   graph->set_intermediate_data_type(fe::DataType_t::FLOAT).set_compute_data_type(fe::DataType_t::FLOAT);
-  // Our own (statically linked) cudart reads the SM version here. (The frontend's execute() may
-  // still look for a libcudart.so for its context check; it catches the failure itself.)
+  // Our own (statically linked) cudart reads the SM version here, so the frontend's shim never
+  // dlopens a libcudart.so for it (Context::populate_sm_version_from_device). The shim still does
+  // for logging (CUDNN_FRONTEND_LOG_INFO) and error strings, and throws if both .so.12 and .so.13
+  // load: gate cudnn_frontend_cudart refuses that environment first; Guarded catches the rest.
   int major = 0, minor = 0;
   GPUEXT_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   GPUEXT_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
@@ -179,12 +190,16 @@ Status Build(const CudnnBlockScaledMatmul& p, int device, cudnnHandle_t handle, 
                                    .set_reordering_type(fe::TensorReordering_t::F8_128x4));
   auto dq_a = graph->block_scale_dequantize(
       a, scale_a,
-      g::Block_scale_dequantize_attributes().set_name("dq_lhs").set_block_size(sa.block).set_compute_data_type(
-          fe::DataType_t::FLOAT));
+      g::Block_scale_dequantize_attributes()
+          .set_name("dq_lhs")
+          .set_block_size(BlockAlongK(sa.block, /*k_is_last=*/true))
+          .set_compute_data_type(fe::DataType_t::FLOAT));
   auto dq_b = graph->block_scale_dequantize(
       bt, scale_b,
-      g::Block_scale_dequantize_attributes().set_name("dq_rhs").set_block_size(sb.block).set_compute_data_type(
-          fe::DataType_t::FLOAT));
+      g::Block_scale_dequantize_attributes()
+          .set_name("dq_rhs")
+          .set_block_size(BlockAlongK(sb.block, /*k_is_last=*/false))
+          .set_compute_data_type(fe::DataType_t::FLOAT));
   auto acc = graph->matmul(dq_a, dq_b,
                            g::Matmul_attributes().set_name("matmul").set_compute_data_type(fe::DataType_t::FLOAT));
   auto out = acc;
@@ -324,7 +339,12 @@ Status Guarded(const char* what, Fn fn) {
   try {
     return fn();
   } catch (const std::exception& e) {
-    return Status::Error(std::string(what) + " threw: " + e.what());
+    const std::string message = e.what();
+    const bool cudart = message.find("libcudart") != std::string::npos;
+    return Status::Error(std::string(what) + " threw: " + message +
+                         (cudart ? " (cudnn-frontend's shim dlopens libcudart.so.12/.13 by name: make exactly the "
+                                   "one matching jaxlib's CUDA loadable; gate cudnn_frontend_cudart)"
+                                 : ""));
   } catch (...) {
     return Status::Error(std::string(what) + " threw a non-standard exception");
   }

@@ -75,8 +75,17 @@ ffi::Error DescribeCall(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale, ffi::AnyBu
   p.lhs_scale = lhs_scale.untyped_data();
   p.rhs_scale = rhs_scale.untyped_data();
   if (Empty(p)) return ffi::Error::Success();  // no division by a zero batch below
-  p.lhs_scale_bytes = lhs_scale.size_bytes() / p.batch;
-  p.rhs_scale_bytes = rhs_scale.size_bytes() / p.batch;
+  GPUEXT_FFI_RETURN_IF_ERROR(CheckBlockScaledMatmul(p));
+  // cuBLASLt reads as many scale bytes as the mode and shape say, whatever the buffers hold:
+  // check the buffers (the shape checks above came first, so the expected sizes mean something).
+  p.lhs_scale_bytes = ScaleBytesPerBatch(lhs_scale_mode, p.m, k);
+  p.rhs_scale_bytes = ScaleBytesPerBatch(rhs_scale_mode, p.n, k);
+  GPUEXT_FFI_CHECK(lhs_scale.size_bytes() == p.lhs_scale_bytes * p.batch,
+                   "lhs scales hold " + std::to_string(lhs_scale.size_bytes()) + " bytes; scale mode " +
+                       std::to_string(lhs_scale_mode) + " needs " + std::to_string(p.lhs_scale_bytes * p.batch));
+  GPUEXT_FFI_CHECK(rhs_scale.size_bytes() == p.rhs_scale_bytes * p.batch,
+                   "rhs scales hold " + std::to_string(rhs_scale.size_bytes()) + " bytes; scale mode " +
+                       std::to_string(rhs_scale_mode) + " needs " + std::to_string(p.rhs_scale_bytes * p.batch));
   p.alpha_beta = alpha_beta.typed_data();
   p.out = out->untyped_data();
   // cuBLASLt wants a 256-byte aligned workspace; the buffer carries kWorkspaceSlack extra bytes
