@@ -32,6 +32,22 @@ constexpr size_t kWorkspaceSlack = 256;
 
 bool Empty(const BlockScaledMatmul& p) { return p.batch == 0 || p.m == 0 || p.n == 0; }
 
+// Bytes per batch cuBLASLt reads from a scale operand of `rows` rows in scale mode `mode` (the
+// layouts jax_gpuext/dot_cublaslt.py builds, from the cuBLAS docs "Scaling factors layouts";
+// mode numbers are static_asserted in csrc/dot/cublaslt_block_scaled.cc); -1 for another mode.
+int64_t ScaleBytesPerBatch(int32_t mode, int64_t rows, int64_t k) {
+  auto cdiv = [](int64_t x, int64_t m) { return (x + m - 1) / m; };
+  auto up = [&](int64_t x, int64_t m) { return cdiv(x, m) * m; };
+  switch (mode) {
+    case 0: return 4;                                           // SCALAR_32F: one fp32
+    case 1: return up(rows, 128) * up(cdiv(k, 16), 4);          // VEC16_UE4M3, 128x4 tiles
+    case 2: return up(rows, 128) * up(cdiv(k, 32), 4);          // VEC32_UE8M0, 128x4 tiles
+    case 4: return 4 * rows * cdiv(k, 128);                     // VEC128_32F
+    case 5: return 4 * cdiv(rows, 128) * up(cdiv(k, 128), 4);   // BLK128x128_32F
+    default: return -1;
+  }
+}
+
 // Validates the operands and attributes and fills `p`, pointers included: shared by the
 // initialize and execute stages, so both see the same problem (and the same plan-cache key).
 ffi::Error DescribeCall(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale, ffi::AnyBuffer rhs, ffi::AnyBuffer rhs_scale,
@@ -49,8 +65,13 @@ ffi::Error DescribeCall(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale, ffi::AnyBu
                                                    std::to_string(lhs_type));
   GPUEXT_FFI_CHECK(ElementTypeOfCode(rhs_type, &rt), "rhs_type must be 0 (E4M3), 1 (E5M2) or 2 (E2M1), got " +
                                                    std::to_string(rhs_type));
-  GPUEXT_FFI_CHECK(ld[2] == (lt == CUDA_R_4F_E2M1 ? k / 2 : k) && rd[2] == (rt == CUDA_R_4F_E2M1 ? k / 2 : k),
+  GPUEXT_FFI_CHECK(k > 0 && (k % 2 == 0 || (lt != CUDA_R_4F_E2M1 && rt != CUDA_R_4F_E2M1)),
+                   "k must be positive (and even for packed FP4), got " + std::to_string(k));
+  const int64_t lhs_row = lt == CUDA_R_4F_E2M1 ? k / 2 : k, rhs_row = rt == CUDA_R_4F_E2M1 ? k / 2 : k;
+  GPUEXT_FFI_CHECK(ld[2] == lhs_row && rd[2] == rhs_row,
                    "K of lhs/rhs does not match attribute k=" + std::to_string(k));
+  if (ffi::Error e = CheckByteOperand(lhs, "lhs", lhs_row); e.failure()) return e;
+  if (ffi::Error e = CheckByteOperand(rhs, "rhs", rhs_row); e.failure()) return e;
 
   BlockScaledMatmul& p = *out_problem;
   switch (out->element_type()) {
@@ -75,8 +96,16 @@ ffi::Error DescribeCall(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale, ffi::AnyBu
   p.lhs_scale = lhs_scale.untyped_data();
   p.rhs_scale = rhs_scale.untyped_data();
   if (Empty(p)) return ffi::Error::Success();  // no division by a zero batch below
-  p.lhs_scale_bytes = lhs_scale.size_bytes() / p.batch;
-  p.rhs_scale_bytes = rhs_scale.size_bytes() / p.batch;
+  // The scale operands are sized by the scale modes (attributes): each batch's slice must hold
+  // what cuBLASLt reads for that mode, or a mode naming a larger layout would read past them.
+  const int64_t lhs_need = ScaleBytesPerBatch(lhs_scale_mode, p.m, k),
+                rhs_need = ScaleBytesPerBatch(rhs_scale_mode, p.n, k);
+  GPUEXT_FFI_CHECK(lhs_need >= 0 && rhs_need >= 0, "unknown scale mode: lhs " + std::to_string(lhs_scale_mode) +
+                                                       ", rhs " + std::to_string(rhs_scale_mode));
+  if (ffi::Error e = CheckHolds(lhs_scale, "lhs scales", p.batch * lhs_need); e.failure()) return e;
+  if (ffi::Error e = CheckHolds(rhs_scale, "rhs scales", p.batch * rhs_need); e.failure()) return e;
+  p.lhs_scale_bytes = PackedByteSize(lhs_scale) / p.batch;
+  p.rhs_scale_bytes = PackedByteSize(rhs_scale) / p.batch;
   p.alpha_beta = alpha_beta.typed_data();
   p.out = out->untyped_data();
   // cuBLASLt wants a 256-byte aligned workspace; the buffer carries kWorkspaceSlack extra bytes
