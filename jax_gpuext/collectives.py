@@ -227,8 +227,9 @@ def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto", timeou
 
     ``operand_spaces`` / ``result_spaces``: ``{0: MemorySpace.COLLECTIVE}`` (or TEMP) places ``x`` /
     the result in that XLA memory space (docs/memory_spaces.md); index 0 is the only one. They
-    apply to our kernels; with the ``xla`` backend they are ignored, which is logged and shown
-    by ``explain`` (``strict_spaces=True`` raises instead).
+    are validated on every backend; they apply to our kernels; with the ``xla`` backend valid ones
+    are ignored, which is logged and shown by ``explain`` (``strict_spaces=True`` raises instead).
+    Bad arguments raise at trace time, whichever backend would run.
     """
     # Every argument is validated before a backend is chosen, so a call is accepted or refused
     # the same way whichever backend would run it (issue 15).
