@@ -12,7 +12,8 @@ Backends of op ``"all_reduce"`` (``jax_gpuext.backends``), in preference order:
   NVSHMEM cannot run.
 
 Numerics: contributions are combined in rank order; float16/bfloat16/float8 accumulate in
-float32 and are rounded once (the xla backend upcasts the same way); integers wrap.
+float32 and are rounded once (the xla backend upcasts the same way); integers wrap; float
+max/min propagate NaN like ``jnp.max`` / ``jnp.min`` on every backend.
 """
 
 from __future__ import annotations
@@ -205,6 +206,10 @@ def _library_supports(p: Problem) -> GateResult:
         return GateResult(False, f"nvshmemx reductions have no {p.dtype} type")
     if p.op in ("and", "or") and jnp.issubdtype(p.dtype, jnp.floating):
         return GateResult(False, "nvshmem and/or reductions are integer-only")
+    if p.op in ("max", "min") and jnp.issubdtype(p.dtype, jnp.floating):
+        # all_reduce's max/min propagate NaN on every backend; NVSHMEM's reductions do not say.
+        return GateResult(False, "nvshmem max/min do not define NaN propagation (all_reduce's max/min "
+                                 "propagate NaN); float max/min run on one_shot/two_shot or xla")
     return GateResult(True, "NVSHMEM library collective")
 
 
@@ -225,7 +230,8 @@ def _register_backends() -> None:
     backends.register(OP, backends.Backend(
         "nvshmem_library", ("cuda",), gates=("nvshmem",),
         description="nvshmemx_*_reduce_on_stream (NVSHMEM_DISABLE_NCCL=1), baseline",
-        supports=_library_supports, takes=_KERNEL_TAKES + "; no float8 or bool, and/or on integers only"))
+        supports=_library_supports,
+        takes=_KERNEL_TAKES + "; no float8 or bool, and/or on integers only, max/min not on floats"))
     backends.register(OP, backends.Backend(
         "xla", ("cpu", "cuda"), description="lax.psum / pmax / pmin (prod: all_gather + prod)", supports=_always))
     backends.register(OP, backends.Backend(
@@ -252,9 +258,12 @@ def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto", timeou
 
     ``operand_spaces`` / ``result_spaces``: ``{0: MemorySpace.COLLECTIVE}`` (or TEMP) places ``x`` /
     the result in that XLA memory space (docs/memory_spaces.md); index 0 is the only one. They
-    apply to our kernels; with the ``xla`` backend they are ignored, which is logged and shown
-    by ``explain`` (``strict_spaces=True`` raises instead).
+    are validated on every backend; they apply to our kernels; with the ``xla`` backend valid ones
+    are ignored, which is logged and shown by ``explain`` (``strict_spaces=True`` raises instead).
+    Bad arguments raise at trace time, whichever backend would run.
     """
+    # Every argument is validated before a backend is chosen, so a call is accepted or refused
+    # the same way whichever backend would run it (issue 15).
     axes = _normalize_axes(axis_name)
     if not isinstance(op, str) or op not in OPS:
         raise ValueError(f"all_reduce: op must be one of {sorted(OPS)}, got {op!r}")
@@ -273,12 +282,14 @@ def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto", timeou
         raise TypeError(f"all_reduce: op {op!r} is not defined for bool; use 'or'/'max' or 'and'/'min'")
     if not is_bool and op in ("and", "or"):
         raise TypeError(f"all_reduce: op {op!r} needs a bool operand, got {dtype}")
+    if not isinstance(strict_spaces, (bool, np.bool_)):
+        raise TypeError(f"all_reduce: strict_spaces must be a bool, got {strict_spaces!r}")
+    spaces = [_spaces_tuple(operand_spaces, "operand"), _spaces_tuple(result_spaces, "result")]
     group_size = _axis_size(axes)
 
     platform = backends.current_platform()
     problem = Problem(platform, dtype, op, int(x.size) * dtype.itemsize, group_size, algorithm == "auto")
     sel = backends.select(OP, algorithm, problem=problem)
-    spaces = [_spaces_tuple(operand_spaces, "operand_spaces"), _spaces_tuple(result_spaces, "result_spaces")]
     if any(spaces) and sel.chosen in ("xla", backends.REFERENCE):
         why = f"operand/result memory spaces are ignored: backend {sel.chosen!r} is XLA's own collective"
         if strict_spaces:
@@ -286,34 +297,35 @@ def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto", timeou
         backends.note(sel, why)
         logger.warning("all_reduce: %s", why)
         spaces = [(), ()]
-    cfg = _Config(axes, op, sel.chosen, float(timeout), *spaces, strict_spaces)
+    cfg = _Config(axes, op, sel.chosen, float(timeout), *spaces, bool(strict_spaces))
     if jnp.issubdtype(dtype, jnp.inexact):
         return _all_reduce_diff(x, cfg)
     return _all_reduce_impl(x, cfg)
 
 
-def _spaces_tuple(spaces, name: str) -> tuple:
-    """Validates an all_reduce space mapping (index 0 only) into a hashable sorted tuple."""
-    if spaces is None:
-        return ()
-    from jax_gpuext.memory import MemorySpace
+def _spaces_tuple(spaces, what: str) -> tuple:
+    """Validates an all_reduce space mapping as ``jax_gpuext.memory`` validates every custom call
+    (index 0 or -1, a space XLA accepts on custom calls, no conflicting requests) into a hashable
+    sorted tuple. Runs for every backend, the ``xla`` one included, which then ignores it."""
+    from jax_gpuext import memory
 
-    if not hasattr(spaces, "items"):
-        raise TypeError(f"all_reduce: {name} must be a mapping {{0: MemorySpace}}, got {spaces!r}")
-    for index, space in spaces.items():
-        if index not in (0, -1):
-            raise ValueError(f"all_reduce: {name} index {index!r} is out of range: all_reduce has one "
-                             "operand (x) and one result, index 0")
-        if not isinstance(space, MemorySpace):
-            raise TypeError(f"all_reduce: {name}[{index}] must be a jax_gpuext.MemorySpace, got {space!r}")
-    return tuple(sorted((0, space) for space in spaces.values()))
+    return tuple(sorted(memory._normalize(spaces, 1, what, OP).items()))
 
 
 def _normalize_axes(axis_name) -> tuple:
-    axes = axis_name if isinstance(axis_name, (tuple, list)) else (axis_name,)
-    if not axes or any(not isinstance(a, str) for a in axes):
-        raise TypeError(f"all_reduce: axis_name must be a str or a tuple of str, got {axis_name!r}")
-    return tuple(axes)
+    """One or more distinct axis names. A repeated name aborted the process in XLA's MLIR
+    lowering (a C++ check), so every form is checked here, at trace time."""
+    axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+    bad = [a for a in axes if not isinstance(a, str)]
+    if bad:
+        raise TypeError(f"all_reduce: axis_name must be a str or a tuple of str, got {axis_name!r} "
+                        f"({type(bad[0]).__name__} {bad[0]!r} is not a str)")
+    if not axes:
+        raise ValueError("all_reduce: axis_name is empty; name at least one mapped axis")
+    repeated = sorted({a for a in axes if axes.count(a) > 1})
+    if repeated:
+        raise ValueError(f"all_reduce: axis_name {axis_name!r} repeats {repeated}; name each axis once")
+    return axes
 
 
 def _axis_size(axes: tuple) -> int:
@@ -403,10 +415,21 @@ def _xla_reduce(x, axes, op):
     if op == "sum":
         return lax.psum(x, axes)
     if op == "max":
-        return lax.pmax(x, axes)
+        return _nan_wins(x, axes, lax.pmax(x, axes))
     if op == "min":
-        return lax.pmin(x, axes)
+        return _nan_wins(x, axes, lax.pmin(x, axes))
     return _rank_order_prod(lax.all_gather(x, axes))
+
+
+def _nan_wins(x, axes, reduced):
+    """max/min propagate NaN as jnp.max / jnp.min do and as our kernels do (reduce_ops.h
+    Combine): a NaN on any rank makes that element NaN. XLA's pmax/pmin do not promise it (on
+    CPU they drop a NaN), which would hide a NaN from an amax or a norm and silently break FP8
+    scaling; one extra collective of a byte per element makes the fallback agree."""
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        return reduced
+    any_nan = lax.pmax(jnp.isnan(x).astype(jnp.uint8), axes) > 0
+    return jnp.where(any_nan, jnp.array(jnp.nan, x.dtype), reduced)
 
 
 def _rank_order_prod(g):

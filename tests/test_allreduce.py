@@ -15,6 +15,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import jax
@@ -307,8 +308,94 @@ def test_space_arguments_are_validated(mesh):
         _shard_map(lambda v: jax_gpuext.all_reduce(v, "i", algorithm="one_shot",
                                                    operand_spaces={1: MemorySpace.TEMP}), mesh, P("i"), P("i")).lower(x)
     with pytest.raises(TypeError, match="must be a jax_gpuext.MemorySpace"):
-        _shard_map(lambda v: jax_gpuext.all_reduce(v, "i", algorithm="one_shot", result_spaces={0: 1}),
+        _shard_map(lambda v: jax_gpuext.all_reduce(v, "i", algorithm="one_shot", result_spaces={0: 1.5}),
                    mesh, P("i"), P("i")).lower(x)
+
+
+# --------------------------------------------------------------------------- issue 15
+@pytest.mark.parametrize("algorithm", ["auto", "xla", "one_shot", "two_shot"])
+def test_arguments_are_refused_alike_on_every_backend(mesh, algorithm):
+    """Finding 7: validation runs before a backend is chosen, so the xla fallback refuses what
+    the custom-call backends refuse (it used to drop PINNED_HOST with a warning)."""
+    from jax_gpuext import MemorySpace
+
+    x = jax.device_put(np.ones(N, np.float32), NamedSharding(mesh, P("i")))
+
+    def lower(**kw):
+        return _shard_map(lambda v: jax_gpuext.all_reduce(v, "i", algorithm=algorithm, **kw), mesh, P("i"),
+                          P("i")).lower(x)
+
+    with pytest.raises(ValueError, match="PINNED_HOST, which XLA rejects on custom calls"):
+        lower(operand_spaces={0: MemorySpace.PINNED_HOST})
+    with pytest.raises(ValueError, match="PINNED_HOST, which XLA rejects on custom calls"):
+        lower(result_spaces={0: MemorySpace.PINNED_HOST})
+    with pytest.raises(ValueError, match="conflicting requests for operand 0"):
+        lower(operand_spaces={0: MemorySpace.COLLECTIVE, -1: MemorySpace.TEMP})
+    with pytest.raises(ValueError, match="index 1 is out of range"):
+        lower(result_spaces={1: MemorySpace.TEMP})
+    with pytest.raises(TypeError, match="strict_spaces must be a bool"):
+        lower(strict_spaces="yes")
+
+
+def test_repeated_axis_name_is_a_trace_time_error():
+    """Finding 3: ("x", "x") aborted the process in the MLIR lowering (auto and xla); a fresh
+    process, so that a regression is a failed test rather than a dead pytest."""
+    code = textwrap.dedent("""
+        import jax, jax.numpy as jnp, numpy as np
+        from jax.sharding import PartitionSpec as P
+        import jax_gpuext
+        mesh = jax.make_mesh((2, 2), ("x", "y"), devices=jax.devices()[:4])
+        def lower(axes, algorithm):
+            f = jax.shard_map(lambda v: jax_gpuext.all_reduce(v, axes, algorithm=algorithm), mesh=mesh,
+                              in_specs=P(("x", "y")), out_specs=P(("x", "y")), check_vma=False)
+            return jax.jit(f).lower(jax.device_put(jnp.ones(8), jax.NamedSharding(mesh, P(("x", "y")))))
+        for algorithm in ("auto", "xla", "one_shot"):
+            for axes, exc, match in ((("x", "x"), ValueError, "repeats ['x']"),
+                                     (["y", "x", "y"], ValueError, "repeats ['y']"),
+                                     ((), ValueError, "axis_name is empty"),
+                                     (("x", 3), TypeError, "int 3 is not a str"),
+                                     (None, TypeError, "must be a str"),
+                                     ("z", ValueError, "not bound")):
+                try:
+                    lower(axes, algorithm)
+                except exc as e:
+                    assert match in str(e), (axes, str(e))
+                else:
+                    raise AssertionError(f"{axes!r} accepted under {algorithm}")
+        print("OK")
+    """)
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,
+                       cwd=os.path.dirname(sys.executable))  # not the source tree: the installed package
+    assert p.returncode == 0 and "OK" in p.stdout, f"exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+
+
+NAN_DTYPES = ("float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2", "float64")
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "xla", "one_shot", "two_shot"])
+@pytest.mark.parametrize("op", ["max", "min"])
+@pytest.mark.parametrize("nan_ranks", [(3,), (0, 5, 7), tuple(range(N))])
+def test_max_min_propagate_nan_on_every_backend(mesh, algorithm, op, nan_ranks):
+    """Finding 4: NaN wins in max/min, as in jnp.max / jnp.min (a float64 NumPy model), on
+    every backend -- the xla fallback (what auto picks on CPU) dropped it."""
+    rng = np.random.default_rng(len(nan_ranks))
+    f = _shard_map(lambda v: jax_gpuext.all_reduce(v, "i", op=op, algorithm=algorithm), mesh, P("i"), P("i"))
+    with _enable_x64():
+        for dtype in NAN_DTYPES:
+            v = rng.integers(-20, 21, (N, 6)).astype(np.float64)
+            v[list(nan_ranks), 1] = np.nan  # element 1: NaN on the given ranks
+            v[nan_ranks[0], 4] = np.nan  # element 4: NaN on one rank only
+            v[:, 5] = np.inf if op == "max" else -np.inf  # infinities do not hide a NaN either
+            v[nan_ranks[-1], 5] = np.nan
+            if dtype == "float8_e4m3fn":  # no infinities in e4m3fn: its extreme finite value
+                v[np.isinf(v)] = np.sign(v[np.isinf(v)]) * 448
+            x = v.astype(jnp.dtype(dtype))
+            want = getattr(np, op)(x.astype(np.float64), axis=0)  # np.max/np.min: NaN wins
+            got = np.asarray(f(jax.device_put(x.reshape(-1), NamedSharding(mesh, P("i"))))).reshape(N, 6)
+            for r in range(N):
+                np.testing.assert_array_equal(got[r].astype(np.float64), want, err_msg=f"{dtype} rank {r}")
+
 
 
 @pytest.mark.gpu

@@ -30,12 +30,25 @@ inline std::optional<DType> ToDType(ffi::DataType t) {
 }
 
 // Backstop for callers that reach the custom call directly; Python validated already.
-inline ffi::Error CheckCommon(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer>& out, int32_t op) {
+// The largest timeout a handler accepts (jax_gpuext/collectives.py refuses >= 1e6 s too): an
+// infinite or NaN one would let a missing peer hang the process instead of failing the call.
+inline constexpr float kMaxTimeoutS = 1e6f;
+
+inline ffi::Error CheckCommon(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer>& out, int32_t op, float timeout_s) {
   GPUEXT_FFI_CHECK(x.element_type() == out->element_type() && x.element_count() == out->element_count(),
-                   "all_reduce result must have the operand's dtype and size");
+                   "all_reduce result must have the operand's dtype and size: operand " + BufferString(x) +
+                       ", result " + BufferString(*out));
   GPUEXT_FFI_CHECK(ToDType(x.element_type()).has_value(),
                    std::string("all_reduce does not support dtype ") + DataTypeName(x.element_type()));
-  GPUEXT_FFI_CHECK(op >= 0 && op <= static_cast<int32_t>(ReduceOp::kOr), "op must be 0..5");
+  GPUEXT_FFI_CHECK(op >= 0 && op <= static_cast<int32_t>(ReduceOp::kOr), "op must be 0..5, got " + std::to_string(op));
+  // The kernels move count * ByteWidth(dtype) bytes; every supported dtype is whole bytes, so this
+  // holds by the checks above -- kept as the explicit backstop should a sub-byte dtype be added.
+  const int64_t bytes = int64_t(x.element_count()) * ByteWidth(*ToDType(x.element_type()));
+  if (ffi::Error e = CheckHolds(x, "operand", bytes); e.failure()) return e;
+  if (ffi::Error e = CheckHolds(*out, "result", bytes); e.failure()) return e;
+  GPUEXT_FFI_CHECK(timeout_s > 0 && timeout_s <= kMaxTimeoutS,
+                   "timeout_s must be in (0, " + std::to_string(kMaxTimeoutS) + "] seconds, got " +
+                       std::to_string(timeout_s));
   return ffi::Error::Success();
 }
 

@@ -37,7 +37,7 @@ inline ffi::DataType ScaleTypeOf(int32_t format) {
 inline ffi::ErrorOr<BlockScaledGeometry> GeometryOf(int32_t format, int64_t axis, ffi::Span<const int64_t> dims,
                                                     const char* dims_name, const ffi::AnyBuffer& data,
                                                     const ffi::AnyBuffer& scale, const ffi::AnyBuffer& global_scale,
-                                                    bool fp4_packed) {
+                                                    int32_t fp4_packed) {
   auto fail = [](std::string m) {
     return ffi::Unexpected<ffi::Error>(ffi::Error(ffi::ErrorCode::kInvalidArgument, std::move(m)));
   };
@@ -80,13 +80,22 @@ inline ffi::ErrorOr<BlockScaledGeometry> GeometryOf(int32_t format, int64_t axis
   if (scale.element_type() != ScaleTypeOf(format))
     return fail(std::string("scale buffer has dtype ") + DataTypeName(scale.element_type()) + ", expected " +
                 DataTypeName(ScaleTypeOf(format)));
-  // FFI buffers do not say how XLA laid out sub-byte types (size_bytes() is ByteWidth * count),
-  // so Python passes the platform's layout (jax_gpuext/formats.py FP4_PACKED).
-  g.fp4_packed = IsFp4(format) && fp4_packed;
+  // Python passes the platform's FP4 layout (jax_gpuext/formats.py FP4_PACKED). The attribute is
+  // checked against the buffer XLA allocated rather than trusted: float4_e2m1fn is packed by the
+  // XLA that runs (PackedByteSize), so fp4_packed=0 would write one byte per element past its end.
+  if (fp4_packed != 0 && fp4_packed != 1) return fail("fp4_packed must be 0 or 1, got " + std::to_string(fp4_packed));
+  g.fp4_packed = IsFp4(format) && fp4_packed == 1;
+  const int64_t n = g.elements();
+  const int64_t data_bytes = g.fp4_packed ? (n + 1) / 2 : n;  // what csrc/formats reads or writes
+  if (ffi::Error e = CheckHolds(data, "element buffer", data_bytes); e.failure())
+    return ffi::Unexpected<ffi::Error>(std::move(e));
   const int64_t blocks = g.two_d() ? outer * g.blocks_along() * g.block_cols() : outer * g.blocks_along() * g.inner;
   if (ElementCount(scale.dimensions()) != blocks)
     return fail("scale buffer has " + std::to_string(ElementCount(scale.dimensions())) + " entries, expected " +
                 std::to_string(blocks));
+  if (ffi::Error e = CheckHolds(scale, "scale buffer", blocks * PackedByteSize(scale.element_type(), 1));
+      e.failure())
+    return ffi::Unexpected<ffi::Error>(std::move(e));
   if (global_scale.element_type() != ffi::DataType::F32) return fail("global scale must be float32");
   g.global_count = ElementCount(global_scale.dimensions());
   if (g.global_count <= 0 || outer % g.global_count != 0)
@@ -109,6 +118,8 @@ inline ffi::ErrorOr<QuantizeArgs> DecodeQuantize(ffi::AnyBuffer x, ffi::AnyBuffe
         ffi::ErrorCode::kInvalidArgument, "scale_rounding " + std::to_string(scale_rounding) +
                                               " is not valid for format " + std::to_string(format)));
   a.scale_rounding = scale_rounding;
+  if (ffi::Error e = CheckHolds(x, "x", a.geo.elements() * int64_t(ffi::ByteWidth(x.element_type()))); e.failure())
+    return ffi::Unexpected<ffi::Error>(std::move(e));
   a.x = x.untyped_data();
   a.global_scale = static_cast<const float*>(global_scale.untyped_data());
   a.data = data.untyped_data();
@@ -124,6 +135,8 @@ inline ffi::ErrorOr<DequantizeArgs> DecodeDequantize(ffi::AnyBuffer data, ffi::A
   GPUEXT_FFI_ASSIGN_OR_FORWARD(a.out_type, FloatTypeOf(y.element_type(), "output"));
   GPUEXT_FFI_ASSIGN_OR_FORWARD(
       a.geo, GeometryOf(format, axis, y.dimensions(), "output", data, scale, global_scale, fp4_packed));
+  if (ffi::Error e = CheckHolds(y, "output", a.geo.elements() * int64_t(ffi::ByteWidth(y.element_type()))); e.failure())
+    return ffi::Unexpected<ffi::Error>(std::move(e));
   a.data = data.untyped_data();
   a.scale = scale.untyped_data();
   a.global_scale = static_cast<const float*>(global_scale.untyped_data());

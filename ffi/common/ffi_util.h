@@ -19,10 +19,14 @@ inline ffi::Error ToFfiError(const Status& s) {
 inline const char* DataTypeName(ffi::DataType t) {
   switch (t) {
     case ffi::DataType::PRED: return "bool";
+    case ffi::DataType::S2: return "int2";
+    case ffi::DataType::S4: return "int4";
     case ffi::DataType::S8: return "int8";
     case ffi::DataType::S16: return "int16";
     case ffi::DataType::S32: return "int32";
     case ffi::DataType::S64: return "int64";
+    case ffi::DataType::U2: return "uint2";
+    case ffi::DataType::U4: return "uint4";
     case ffi::DataType::U8: return "uint8";
     case ffi::DataType::U16: return "uint16";
     case ffi::DataType::U32: return "uint32";
@@ -30,6 +34,8 @@ inline const char* DataTypeName(ffi::DataType t) {
     case ffi::DataType::F16: return "float16";
     case ffi::DataType::F32: return "float32";
     case ffi::DataType::F64: return "float64";
+    case ffi::DataType::C64: return "complex64";
+    case ffi::DataType::C128: return "complex128";
     case ffi::DataType::BF16: return "bfloat16";
     case ffi::DataType::F8E5M2: return "float8_e5m2";
     case ffi::DataType::F8E4M3FN: return "float8_e4m3fn";
@@ -50,6 +56,44 @@ inline int64_t ElementCount(ffi::Span<const int64_t> dims) {
   int64_t n = 1;
   for (int64_t d : dims) n *= d;
   return n;
+}
+
+// Bits one element of `t` occupies in an XLA buffer. XLA packs sub-byte types (1, 2 and 4
+// bits) densely on CPU and GPU (checked on CPU with jaxlib 0.10.2; docs/design.md, "Reliability"),
+// while ffi.h's ByteWidth -- and so AnyBuffer::size_bytes() -- in the 0.8.0 headers we build
+// against counts one byte each: size_bytes() overstates a sub-byte buffer up to 8 times.
+inline int64_t ElementBits(ffi::DataType t) {
+  switch (t) {
+    case ffi::DataType::S1: case ffi::DataType::U1: return 1;
+    case ffi::DataType::S2: case ffi::DataType::U2: return 2;
+    case ffi::DataType::S4: case ffi::DataType::U4: case ffi::DataType::F4E2M1FN: return 4;
+    default: return 8 * static_cast<int64_t>(ffi::ByteWidth(t));
+  }
+}
+
+// The bytes `count` elements of `t` occupy: ceil(count * bits / 8). Never more than the buffer
+// XLA allocated, whichever layout the running XLA uses (an XLA that stored one sub-byte value
+// per byte would allocate more), so every read or write bounded by it stays inside the buffer.
+// Every handler sizes copies and checks with this, never with size_bytes().
+inline int64_t PackedByteSize(ffi::DataType t, int64_t count) { return (count * ElementBits(t) + 7) / 8; }
+
+inline int64_t PackedByteSize(const ffi::AnyBuffer& b) {
+  return PackedByteSize(b.element_type(), ElementCount(b.dimensions()));
+}
+
+// "float4_e2m1fn[2, 32] (32 bytes)": a buffer in error messages.
+inline std::string BufferString(const ffi::AnyBuffer& b) {
+  return std::string(DataTypeName(b.element_type())) + DimsString(b.dimensions()) + " (" +
+         std::to_string(PackedByteSize(b)) + " bytes)";
+}
+
+// A buffer must hold the `need` bytes that sizes derived from attributes say will be accessed:
+// the backstop that keeps any attribute value from reading or writing past a buffer.
+inline ffi::Error CheckHolds(const ffi::AnyBuffer& b, const char* name, int64_t need) {
+  if (need >= 0 && need <= PackedByteSize(b)) return ffi::Error::Success();
+  return ffi::Error(ffi::ErrorCode::kInvalidArgument, std::string(name) + " is " + BufferString(b) +
+                                                          ", the call would access " + std::to_string(need) +
+                                                          " bytes");
 }
 
 }  // namespace gpuext

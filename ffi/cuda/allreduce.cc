@@ -30,7 +30,7 @@ ffi::Error AllReduceCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi:
                          ffi::Result<ffi::AnyBuffer> out, int32_t op, int32_t algorithm, int64_t group_size,
                          int64_t /*site*/, int64_t /*workspace_bytes*/, float timeout_s, bool checked) {
   NvtxRange range("gpuext_all_reduce");
-  if (ffi::Error e = allreduce::CheckCommon(x, out, op); e.failure()) return e;
+  if (ffi::Error e = allreduce::CheckCommon(x, out, op, timeout_s); e.failure()) return e;
   GPUEXT_FFI_CHECK(algorithm >= 1 && algorithm <= 3, "algorithm must be 1 (one_shot), 2 (two_shot) or 3 (library)");
   GPUEXT_FFI_CHECK(group_size == allreduce::NPes(),
                    "group_size " + std::to_string(group_size) + " != NVSHMEM PEs " + std::to_string(allreduce::NPes()));

@@ -8,6 +8,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <string>
+
 #include "ffi/common/ffi_util.h"
 
 namespace gpuext {
@@ -27,6 +29,19 @@ auto BindBlockScaledDotOperands() {
       .template Attr<int64_t>("k")
       .template Attr<int32_t>("lhs_type")
       .template Attr<int32_t>("rhs_type");
+}
+
+// lhs / rhs of both handlers are (B, rows, K bytes): FP8 codes, or FP4 packed two per uint8 by
+// jax_gpuext.dot.pack_fp4. The libraries read B * rows * row_bytes bytes, where row_bytes comes
+// from attribute k, so the buffer must be byte-wide (a float4_e2m1fn buffer is half as large as
+// its dims say) and hold that many bytes.
+inline ffi::Error CheckByteOperand(const ffi::AnyBuffer& b, const char* name, int64_t row_bytes) {
+  if (ElementBits(b.element_type()) != 8)
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      std::string(name) + " must be a byte-wide buffer (FP8, or FP4 packed into uint8), got " +
+                          BufferString(b));
+  const auto d = b.dimensions();
+  return CheckHolds(b, name, d[0] * d[1] * row_bytes);
 }
 
 }  // namespace gpuext

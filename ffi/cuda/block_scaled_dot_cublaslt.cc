@@ -49,8 +49,13 @@ ffi::Error DescribeCall(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale, ffi::AnyBu
                                                    std::to_string(lhs_type));
   GPUEXT_FFI_CHECK(ElementTypeOfCode(rhs_type, &rt), "rhs_type must be 0 (E4M3), 1 (E5M2) or 2 (E2M1), got " +
                                                    std::to_string(rhs_type));
-  GPUEXT_FFI_CHECK(ld[2] == (lt == CUDA_R_4F_E2M1 ? k / 2 : k) && rd[2] == (rt == CUDA_R_4F_E2M1 ? k / 2 : k),
+  GPUEXT_FFI_CHECK(k > 0 && (k % 2 == 0 || (lt != CUDA_R_4F_E2M1 && rt != CUDA_R_4F_E2M1)),
+                   "k must be positive (and even for packed FP4), got " + std::to_string(k));
+  const int64_t lhs_row = lt == CUDA_R_4F_E2M1 ? k / 2 : k, rhs_row = rt == CUDA_R_4F_E2M1 ? k / 2 : k;
+  GPUEXT_FFI_CHECK(ld[2] == lhs_row && rd[2] == rhs_row,
                    "K of lhs/rhs does not match attribute k=" + std::to_string(k));
+  if (ffi::Error e = CheckByteOperand(lhs, "lhs", lhs_row); e.failure()) return e;
+  if (ffi::Error e = CheckByteOperand(rhs, "rhs", rhs_row); e.failure()) return e;
 
   BlockScaledMatmul& p = *out_problem;
   switch (out->element_type()) {
@@ -75,17 +80,17 @@ ffi::Error DescribeCall(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale, ffi::AnyBu
   p.lhs_scale = lhs_scale.untyped_data();
   p.rhs_scale = rhs_scale.untyped_data();
   if (Empty(p)) return ffi::Error::Success();  // no division by a zero batch below
-  GPUEXT_FFI_RETURN_IF_ERROR(CheckBlockScaledMatmul(p));
+  GPUEXT_FFI_RETURN_IF_ERROR(CheckBlockScaledMatmul(p));  // known scale modes, shape rules
   // cuBLASLt reads as many scale bytes as the mode and shape say, whatever the buffers hold:
-  // check the buffers (the shape checks above came first, so the expected sizes mean something).
+  // each batch's slice must hold that (the shape checks above came first, so the sizes mean something).
   p.lhs_scale_bytes = ScaleBytesPerBatch(lhs_scale_mode, p.m, k);
   p.rhs_scale_bytes = ScaleBytesPerBatch(rhs_scale_mode, p.n, k);
-  GPUEXT_FFI_CHECK(lhs_scale.size_bytes() == p.lhs_scale_bytes * p.batch,
-                   "lhs scales hold " + std::to_string(lhs_scale.size_bytes()) + " bytes; scale mode " +
-                       std::to_string(lhs_scale_mode) + " needs " + std::to_string(p.lhs_scale_bytes * p.batch));
-  GPUEXT_FFI_CHECK(rhs_scale.size_bytes() == p.rhs_scale_bytes * p.batch,
-                   "rhs scales hold " + std::to_string(rhs_scale.size_bytes()) + " bytes; scale mode " +
-                       std::to_string(rhs_scale_mode) + " needs " + std::to_string(p.rhs_scale_bytes * p.batch));
+  if (ffi::Error e = CheckHolds(lhs_scale, "lhs scales", p.batch * static_cast<int64_t>(p.lhs_scale_bytes));
+      e.failure())
+    return e;
+  if (ffi::Error e = CheckHolds(rhs_scale, "rhs scales", p.batch * static_cast<int64_t>(p.rhs_scale_bytes));
+      e.failure())
+    return e;
   p.alpha_beta = alpha_beta.typed_data();
   p.out = out->untyped_data();
   // cuBLASLt wants a 256-byte aligned workspace; the buffer carries kWorkspaceSlack extra bytes

@@ -57,14 +57,17 @@ ffi::Error DescribeCall(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale, ffi::AnyBu
   const bool fp4 = lt == CudnnElement::kE2M1;
   GPUEXT_FFI_CHECK(ld[2] == (fp4 ? k / 2 : k) && rd[2] == (fp4 ? k / 2 : k),
                    "K of lhs/rhs does not match attribute k=" + std::to_string(k));
+  if (ffi::Error e = CheckByteOperand(lhs, "lhs", fp4 ? k / 2 : k); e.failure()) return e;
+  if (ffi::Error e = CheckByteOperand(rhs, "rhs", fp4 ? k / 2 : k); e.failure()) return e;
   const int64_t kblk = k / (fp4 ? 16 : 32);
   auto padded = [](int64_t x) { return (x + 127) / 128 * 128; };
   GPUEXT_FFI_CHECK(lsd.size() == 3 && lsd[0] == ld[0] && lsd[1] == padded(ld[1]) && lsd[2] == kblk,
                    "lhs scales must be (B, round_up(M, 128), K/" + std::to_string(fp4 ? 16 : 32) + ")");
   GPUEXT_FFI_CHECK(rsd.size() == 3 && rsd[0] == rd[0] && rsd[1] == padded(rd[1]) && rsd[2] == kblk,
                    "rhs scales must be (B, round_up(N, 128), K/" + std::to_string(fp4 ? 16 : 32) + ")");
-  GPUEXT_FFI_CHECK(lhs_scale.size_bytes() == ElementCount(lsd) && rhs_scale.size_bytes() == ElementCount(rsd),
-                   "scales must be one byte each (E8M0 / E4M3 bits)");
+  GPUEXT_FFI_CHECK(ElementBits(lhs_scale.element_type()) == 8 && ElementBits(rhs_scale.element_type()) == 8,
+                   "scales must be one byte each (E8M0 / E4M3 bits), got " + BufferString(lhs_scale) + " and " +
+                       BufferString(rhs_scale));
 
   CudnnBlockScaledMatmul& p = *out_problem;
   switch (out->element_type()) {

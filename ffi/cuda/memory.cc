@@ -21,11 +21,12 @@ ffi::Error PlaceCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi:
   GPUEXT_FFI_CHECK(x.element_type() == out->element_type(),
                    std::string("operand is ") + DataTypeName(x.element_type()) + ", result is " +
                        DataTypeName(out->element_type()));
-  GPUEXT_FFI_CHECK(x.size_bytes() == out->size_bytes(),
-                   "operand has " + std::to_string(x.size_bytes()) + " bytes, result " +
-                       std::to_string(out->size_bytes()));
+  // PackedByteSize, not size_bytes(): the 0.8.0 headers count a sub-byte element as a byte while
+  // XLA packs them, and copying size_bytes() wrote past int4 / float4 results (issue 15).
+  GPUEXT_FFI_CHECK(x.dimensions() == out->dimensions(),
+                   "operand is " + BufferString(x) + ", result is " + BufferString(*out));
   GPUEXT_FFI_RETURN_IF_ERROR(
-      PlaceCopyDevice(out->untyped_data(), x.untyped_data(), x.size_bytes(), stream));
+      PlaceCopyDevice(out->untyped_data(), x.untyped_data(), PackedByteSize(x), stream));
   return ffi::Error::Success();
 }
 
