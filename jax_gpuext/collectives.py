@@ -269,13 +269,19 @@ def _spaces_tuple(spaces, name: str) -> tuple:
 
     if not hasattr(spaces, "items"):
         raise TypeError(f"all_reduce: {name} must be a mapping {{0: MemorySpace}}, got {spaces!r}")
+    found: dict[int, MemorySpace] = {}
     for index, space in spaces.items():
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
+            raise TypeError(f"all_reduce: {name} keys must be int indices, got {index!r}")
         if index not in (0, -1):
             raise ValueError(f"all_reduce: {name} index {index!r} is out of range: all_reduce has one "
                              "operand (x) and one result, index 0")
         if not isinstance(space, MemorySpace):
             raise TypeError(f"all_reduce: {name}[{index}] must be a jax_gpuext.MemorySpace, got {space!r}")
-    return tuple(sorted((0, space) for space in spaces.values()))
+        if found.setdefault(0, space) != space:  # 0 and -1 name the same buffer
+            raise ValueError(f"all_reduce: {name} gives index 0 two spaces ({found[0].name} and {space.name}; "
+                             "-1 is index 0)")
+    return tuple(found.items())
 
 
 def _normalize_axes(axis_name) -> tuple:
