@@ -155,9 +155,7 @@ def _parse_dimension_numbers(dimension_numbers, lhs_ndim, rhs_ndim, what):
 
 
 def _check_out_dtype(dtype, what):
-    if dtype is None or jnp.dtype(dtype) not in _OUT_DTYPES:
-        raise TypeError(f"{what}: preferred_element_type must be float32, bfloat16 or float16, got {dtype}")
-    return jnp.dtype(dtype)
+    return formats.float_dtype(dtype, _OUT_DTYPES, what, "preferred_element_type")
 
 
 def _problem(lhs, rhs, dimension_numbers, out_dtype) -> DotProblem:
@@ -500,7 +498,8 @@ def scaled_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_el
     """
     del precision
     what = "scaled_dot_general"
-    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
+    backends.check_requested(OP, backend, what)
+    lhs, rhs = formats.as_array(lhs, what, "lhs"), formats.as_array(rhs, what, "rhs")
     for name, x in (("lhs", lhs), ("rhs", rhs)):
         if not jnp.issubdtype(x.dtype, jnp.floating) or x.dtype.itemsize < 2:
             raise TypeError(f"{what}: {name} must be float16/bfloat16/float32/float64 (it is quantized here), "
@@ -515,10 +514,11 @@ def scaled_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_el
                          f"axis {rc[0]}")
     if [lhs.shape[d] for d in lb] != [rhs.shape[d] for d in rb]:
         raise ValueError(f"{what}: batch sizes differ: lhs {lhs.shape} dims {lb} vs rhs {rhs.shape} dims {rb}")
-    out_dtype = jnp.dtype(preferred_element_type) if preferred_element_type is not None else \
-        jnp.promote_types(lhs.dtype, rhs.dtype)
-    if out_dtype not in _OUT_DTYPES:
-        out_dtype = _check_out_dtype(jnp.float32 if out_dtype == jnp.float64 else out_dtype, what)
+    requested = jnp.promote_types(lhs.dtype, rhs.dtype) if preferred_element_type is None else preferred_element_type
+    # float64 (x64 inputs, or asked for) is computed and returned in float32
+    out_dtype = formats.float_dtype(requested, _OUT_DTYPES + (jnp.dtype(jnp.float64),), what,
+                                    "preferred_element_type")
+    out_dtype = jnp.dtype(jnp.float32) if out_dtype == jnp.float64 else out_dtype
     lfree = tuple(d for d in range(lhs.ndim) if d != lc[0] and d not in lb)
     rfree = tuple(d for d in range(rhs.ndim) if d != rc[0] and d not in rb)
     bsz = math.prod(lhs.shape[d] for d in lb)

@@ -164,6 +164,28 @@ def _array_part(part: str, x, what: str):
     return x
 
 
+def as_array(x, what: str, name: str):
+    """``jnp.asarray(x)`` with an error that names the argument (None, strings, objects)."""
+    try:
+        return jnp.asarray(x)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{what}: {name} must be an array or array-like of numbers, got "
+                        f"{type(x).__name__} ({e})") from None
+
+
+def float_dtype(dtype, allowed, what: str, name: str):
+    """``jnp.dtype(dtype)`` if it is one of ``allowed``, else a TypeError naming ``name``
+    (None is refused: jnp.dtype(None) would be float64)."""
+    try:
+        dt = None if dtype is None else jnp.dtype(dtype)
+    except TypeError:
+        dt = None
+    if dt is None or dt not in allowed:  # (np.dtype("float64") == None is True: test None first)
+        got = repr(dtype) if dt is None else dt.name
+        raise TypeError(f"{what}: {name} must be one of {[d.name for d in allowed]}, got {got}")
+    return dt
+
+
 def _check_parts(data, scale, global_scale, fmt, axis, what: str):
     """Validated (data, scale, global_scale, format, axis) of a BlockScaledArray; axis negative.
     Dtype mismatches are TypeErrors, shape mismatches ValueErrors, each naming the part."""
@@ -254,7 +276,7 @@ def _check_global_scale(global_scale, fmt: BlockFormat):
         return None
     if global_scale is None:
         return None
-    g = jnp.asarray(global_scale)
+    g = as_array(global_scale, "quantize", "global_scale")
     if g.shape != ():
         raise ValueError(f"global_scale must be a scalar (shape ()), got shape {g.shape}")
     if not jnp.issubdtype(g.dtype, jnp.floating):
@@ -296,7 +318,7 @@ def quantize(x, fmt, *, axis: int = -1, scale_rounding: str = "up", global_scale
     ``global_scale``: NVFP4's fp32 dequantisation scale; default amax / (6 * 448).
     """
     fmt = _check_format(fmt)
-    x = jnp.asarray(x)
+    x = as_array(x, "quantize", "x")
     if x.dtype not in INPUT_DTYPES:
         raise TypeError(f"quantize: x must be float32, bfloat16 or float16, got {x.dtype} (shape {x.shape})")
     ax = _normalize_axis(axis, x.ndim, fmt, x.shape)
@@ -441,9 +463,7 @@ def dequantize(q: BlockScaledArray, dtype=jnp.float32, *, backend: str = "auto")
     """``data * scale (* global_scale)`` rounded once to ``dtype`` (float32, bfloat16, float16)."""
     if not isinstance(q, BlockScaledArray):
         raise TypeError(f"dequantize expects a jax_gpuext.BlockScaledArray, got {type(q).__name__}")
-    dtype = jnp.dtype(dtype)
-    if dtype not in _OUT_FORMATS:
-        raise TypeError(f"dequantize: dtype must be float32, bfloat16 or float16, got {dtype}")
+    dtype = float_dtype(dtype, INPUT_DTYPES, "dequantize", "dtype")
     q.check("dequantize")
     fmt = q.format
     sel = backends.select(DEQUANTIZE_OP, backend, problem=(fmt, q.data.shape, dtype))

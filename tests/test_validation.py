@@ -360,3 +360,38 @@ def test_conflicting_operand_spaces_ffi_helper():
                                           operand_spaces=spaces, caller="test")
     with pytest.raises(ValueError, match="conflicting requests for operand 0: COLLECTIVE and TEMP"):
         jax.jit(lambda v: call({0: gx.MemorySpace.COLLECTIVE, -1: gx.MemorySpace.TEMP})).trace(x)
+
+
+# --------------------------------------------------------------------------- finding 8: other public arguments
+X = jnp.ones((4, 64), jnp.float32)
+DN = (((1,), (1,)), ((), ()))
+BAD_CALLS = [
+    ("quantize x=None", lambda b: gx.quantize(None, gx.MXFP8_E4M3, backend=b), TypeError, "quantize: x must be an array"),
+    ("quantize x=str", lambda b: gx.quantize("abc", gx.MXFP8_E4M3, backend=b), TypeError, "quantize: x must be an array"),
+    ("quantize global_scale=str", lambda b: gx.quantize(X, gx.NVFP4, global_scale="a", backend=b), TypeError,
+     "quantize: global_scale must be an array"),
+    ("dequantize dtype=None", lambda b: gx.dequantize(gx.quantize(X, gx.FP8_1x128), None, backend=b), TypeError,
+     r"dequantize: dtype must be one of .*got None"),
+    ("dequantize dtype='nope'", lambda b: gx.dequantize(gx.quantize(X, gx.FP8_1x128), "nope", backend=b), TypeError,
+     r"dequantize: dtype must be one of .*got 'nope'"),
+    ("block_scaled_dot pet='zz'", lambda b: gx.block_scaled_dot(*(gx.quantize(X, gx.MXFP8_E4M3),) * 2,
+                                                               preferred_element_type="zz", backend=b),
+     TypeError, "block_scaled_dot: preferred_element_type must be one of"),
+    ("scaled_dot_general pet='zz'", lambda b: gx.scaled_dot_general(X, X, DN, preferred_element_type="zz", backend=b),
+     TypeError, "scaled_dot_general: preferred_element_type must be one of"),
+    ("scaled_dot_general lhs=str", lambda b: gx.scaled_dot_general("a", X, DN, backend=b), TypeError,
+     "scaled_dot_general: lhs must be an array"),
+]
+
+
+@pytest.mark.parametrize("name, call, exc, match", BAD_CALLS, ids=[c[0] for c in BAD_CALLS])
+def test_bad_public_arguments_are_refused_on_every_backend(name, call, exc, match):
+    dot_like = name.startswith(("block_scaled_dot", "scaled_dot_general"))
+    for backend in ("auto", "reference") if dot_like else ("auto",) + tuple(BACKENDS):
+        with pytest.raises(exc, match=match):
+            call(backend)
+
+
+def test_scaled_dot_general_checks_the_backend_name_first():
+    with pytest.raises(ValueError, match="scaled_dot_general: backend must be 'auto' or one of"):
+        gx.scaled_dot_general(X, X, DN, backend=3)
