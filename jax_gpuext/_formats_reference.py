@@ -172,7 +172,7 @@ def abs_max_bits(bits, axes):
 def global_amax_bits(x):
     """Largest finite |x| of the whole tensor (NaN and Inf ignored), as fp32 bits."""
     a = to_f32_bits(x) & U32(F32_ABS_MASK)
-    return jnp.max(jnp.where(a < F32_INF_BITS, a, U32(0)))
+    return jnp.max(jnp.where(a < F32_INF_BITS, a, U32(0)), initial=np.uint32(0))  # empty x: 0
 
 
 def nvfp4_global_scale(x):
@@ -270,9 +270,11 @@ def mx_dequantize_blocks(codes, scale, elem: str, out: BitFormat):
 def fp8_blockwise_dequantize_blocks(codes, scale_bits, out: BitFormat):
     f = ELEMENTS["e4m3"][0]
     sign, k, m = decode(codes, f)
-    _, ks, ms = decode(scale_bits, F32)
+    ss, ks, ms = decode(scale_bits, F32)
     ky, my = multiply(k, m, ks, ms)
-    y = round_to(sign, ky, _where_m((m == 0) | (ms == 0), my), out)
+    # data x scale: a negative scale (never made by quantize, possible in a hand-built array)
+    # flips the sign, as the product does (docs/design.md, issue 15)
+    y = round_to(sign ^ ss, ky, _where_m((m == 0) | (ms == 0), my), out)
     bad_scale = (scale_bits & F32_ABS_MASK) >= F32_INF_BITS
     return _dequant_specials(y, codes, f, out, bad_scale)
 
@@ -280,11 +282,11 @@ def fp8_blockwise_dequantize_blocks(codes, scale_bits, out: BitFormat):
 def nvfp4_dequantize_blocks(codes, scale, g_bits, out: BitFormat):
     f = ELEMENTS["e2m1"][0]
     sign, k, m = decode(codes, f)
-    _, ks, ms = decode(scale, E4M3)
+    ss, ks, ms = decode(scale, E4M3)
     _, kg, mg = decode(g_bits, F32)
     kt, mt = multiply(k, m, ks, ms)  # exact: 2 x 4 significand bits
     ky, my = multiply(kt, mt, kg, mg)
-    y = round_to(sign, ky, _where_m((m == 0) | (ms == 0), my), out)
+    y = round_to(sign ^ ss, ky, _where_m((m == 0) | (ms == 0), my), out)
     bad_scale = ((scale & 0x7F) == E4M3.nan_code) | _global_scale_invalid(g_bits)
     return _dequant_specials(y, codes, f, out, bad_scale)
 

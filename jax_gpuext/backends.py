@@ -132,14 +132,21 @@ def _why_not(b: Backend, platform_name: str, problem) -> str | None:
     return None
 
 
-def select(op: str, requested: str = "auto", *, problem=None) -> Selection:
-    """Picks the backend of ``op`` for this call and records the decision."""
+def check_requested(op: str, requested, caller: str | None = None) -> None:
+    """Raises ValueError unless ``requested`` is 'auto' or a backend name of ``op``; public ops
+    that select later (after quantizing) call it first, so a bad name fails before any work."""
     if op not in _BACKENDS:
         raise KeyError(f"no backends registered for op {op!r}")
+    names = [b.name for b in _BACKENDS[op]]
+    if not isinstance(requested, str) or (requested != "auto" and requested not in names):
+        raise ValueError(f"{caller or op}: backend must be 'auto' or one of {names}, got {requested!r}")
+
+
+def select(op: str, requested: str = "auto", *, problem=None) -> Selection:
+    """Picks the backend of ``op`` for this call and records the decision."""
+    check_requested(op, requested)
     candidates = _BACKENDS[op]
     names = [b.name for b in candidates]
-    if not isinstance(requested, str) or (requested != "auto" and requested not in names):
-        raise ValueError(f"{op}: backend must be 'auto' or one of {names}, got {requested!r}")
     platform_name = current_platform()
 
     if forced_reference(op):

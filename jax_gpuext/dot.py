@@ -123,18 +123,35 @@ class DotProblem:
                 f"out {jnp.dtype(self.out_dtype).name}")
 
 
+def _dims(dims, name: str, ndim: int, what: str, dimension_numbers) -> tuple[int, ...]:
+    """One list of dimension numbers: ints (a bare int counts as one), each in [0, ndim), as
+    lax.dot_general requires (no negative indices, no floats)."""
+    if isinstance(dims, (int, np.integer)) and not isinstance(dims, bool):
+        dims = (dims,)
+    if isinstance(dims, np.ndarray):
+        dims = dims.tolist()
+    if not isinstance(dims, (tuple, list)) or any(isinstance(d, bool) or not isinstance(d, (int, np.integer))
+                                                  for d in dims):
+        raise TypeError(f"{what}: {name} dimensions must be a tuple of ints, got {dims!r} in dimension_numbers "
+                        f"{dimension_numbers!r}")
+    if any(not 0 <= d < ndim for d in dims):
+        raise ValueError(f"{what}: {name} dimensions {tuple(dims)} must be in [0, {ndim}) (the {name.split()[0]} "
+                         f"operand has rank {ndim}; negative indices are refused as by lax.dot_general)")
+    return tuple(int(d) for d in dims)
+
+
 def _parse_dimension_numbers(dimension_numbers, lhs_ndim, rhs_ndim, what):
-    try:
-        (lc, rc), (lb, rb) = dimension_numbers
-        lc, rc, lb, rb = (tuple(int(d) for d in x) for x in (lc, rc, lb, rb))
-    except (TypeError, ValueError):
+    """``((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch))`` checked as lax.dot_general
+    checks it: TypeError for a wrong structure or non-int entries, ValueError for bad values."""
+    def pair(x):
+        return isinstance(x, (tuple, list)) and len(x) == 2
+
+    if not pair(dimension_numbers) or not all(pair(x) for x in dimension_numbers):
         raise TypeError(f"{what}: dimension_numbers must be ((lhs_contracting, rhs_contracting), "
-                        f"(lhs_batch, rhs_batch)) as for jax.lax.dot_general, got {dimension_numbers!r}") from None
-    for name, dims, nd in (("lhs", lc + lb, lhs_ndim), ("rhs", rc + rb, rhs_ndim)):
-        if any(not -nd <= d < nd for d in dims):
-            raise ValueError(f"{what}: {name} dimension out of range for rank {nd}: {dimension_numbers!r}")
-    lc, lb = tuple(d % lhs_ndim for d in lc), tuple(d % lhs_ndim for d in lb)
-    rc, rb = tuple(d % rhs_ndim for d in rc), tuple(d % rhs_ndim for d in rb)
+                        f"(lhs_batch, rhs_batch)) as for jax.lax.dot_general, got {dimension_numbers!r}")
+    (lc, rc), (lb, rb) = dimension_numbers
+    lc, lb = (_dims(d, n, lhs_ndim, what, dimension_numbers) for d, n in ((lc, "lhs contracting"), (lb, "lhs batch")))
+    rc, rb = (_dims(d, n, rhs_ndim, what, dimension_numbers) for d, n in ((rc, "rhs contracting"), (rb, "rhs batch")))
     if len(set(lc + lb)) != len(lc + lb) or len(set(rc + rb)) != len(rc + rb):
         raise ValueError(f"{what}: a dimension appears twice in dimension_numbers {dimension_numbers!r}")
     if len(lb) != len(rb) or len(lc) != len(rc):
@@ -144,9 +161,7 @@ def _parse_dimension_numbers(dimension_numbers, lhs_ndim, rhs_ndim, what):
 
 
 def _check_out_dtype(dtype, what):
-    if dtype is None or jnp.dtype(dtype) not in _OUT_DTYPES:
-        raise TypeError(f"{what}: preferred_element_type must be float32, bfloat16 or float16, got {dtype}")
-    return jnp.dtype(dtype)
+    return formats.float_dtype(dtype, _OUT_DTYPES, what, "preferred_element_type")
 
 
 def _problem(lhs, rhs, dimension_numbers, out_dtype) -> DotProblem:
@@ -155,6 +170,7 @@ def _problem(lhs, rhs, dimension_numbers, out_dtype) -> DotProblem:
         if not _is_bsa(x):
             raise TypeError(f"{what}: {name} must be a jax_gpuext.BlockScaledArray (from jax_gpuext.quantize), "
                             f"got {type(x).__name__}; use scaled_dot_general for high-precision inputs")
+        x.check(f"{what}: {name}")
     lf, rf = format_info(lhs.format), format_info(rhs.format)
     ls, rs = tuple(lhs.data.shape), tuple(rhs.data.shape)
     la, ra = _norm_axis(lhs.axis, len(ls)), _norm_axis(rhs.axis, len(rs))
@@ -185,15 +201,6 @@ def _problem(lhs, rhs, dimension_numbers, out_dtype) -> DotProblem:
         raise ValueError(f"{what}: batch sizes differ: lhs {ls} dims {lb} vs rhs {rs} dims {rb}")
     batched_global = False
     for name, q, f, batch in (("lhs", lhs, lf, lb), ("rhs", rhs, rf, rb)):
-        # FP8_TENSOR's scale keeps the leading batch dims it got under vmap (as in dequantize)
-        expected = tuple(q.data.shape[:q.scale.ndim]) if f.per_tensor else \
-            formats.scale_shape(q.data.shape, q.format, q.axis)
-        if q.data.dtype != f.element_dtype or q.scale.dtype != f.scale_dtype or tuple(q.scale.shape) != expected:
-            raise TypeError(f"{what}: {name} ({f.name}) has data {q.data.dtype}{list(q.data.shape)} and scale "
-                            f"{q.scale.dtype}{list(q.scale.shape)}; expected data {f.element_dtype}, scale "
-                            f"{f.scale_dtype}{list(expected)}")
-        if q.format.has_global_scale and q.global_scale is None:
-            raise ValueError(f"{what}: {name} is {f.name} but has no global_scale")
         batched_global |= "global_scale" in _check_leading_dims(q, f, batch, name, what)
     has_gs = lhs.global_scale is not None or rhs.global_scale is not None
     return DotProblem(ls, rs, lf, rf, lc[0], rc[0], lb, rb, out_dtype, has_gs, batched_global)
@@ -310,6 +317,23 @@ OUT_CODES = {jnp.dtype(jnp.bfloat16): 0, jnp.dtype(jnp.float16): 1, jnp.dtype(jn
 def element_code(info: FormatInfo) -> int:
     """0 E4M3, 1 E5M2, 2 E2M1 (packed two per byte by ``pack_fp4``)."""
     return {jnp.dtype(jnp.float8_e4m3fn): 0, jnp.dtype(jnp.float8_e5m2): 1}.get(info.element_dtype, 2)
+
+
+def fold_scale_signs(data, scale):
+    """Canonical NVFP4 (B, X, K) E2M1 data and (B, X, ceil(K/16)) E4M3 scales -> the same
+    products with non-negative scales: a negative scale's sign moves into its block's elements.
+
+    For backends whose hardware reads the block scales as unsigned E4M3 (UE4M3: Blackwell
+    block-scaled MMA through cuDNN / cuBLASLt). quantize never makes a negative scale; a
+    hand-built array may, and data x scale is the definition (docs/design.md, issue 15). Exact:
+    only sign bits change; XLA fuses it into ``pack_fp4``.
+    """
+    sbits = jax.lax.bitcast_convert_type(scale, jnp.uint8)
+    block = formats.NVFP4.block[0]
+    flip = jnp.repeat(sbits >> 7, block, axis=-1)[..., : data.shape[-1]] << 3  # E2M1 sign: bit 3
+    codes = jax.lax.bitcast_convert_type(data, jnp.uint4).astype(jnp.uint8) ^ flip
+    data = jax.lax.bitcast_convert_type(codes.astype(jnp.uint4), data.dtype)
+    return data, jax.lax.bitcast_convert_type(sbits & jnp.uint8(0x7F), scale.dtype)
 
 
 def pack_fp4(data):
@@ -480,7 +504,8 @@ def scaled_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_el
     """
     del precision
     what = "scaled_dot_general"
-    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
+    backends.check_requested(OP, backend, what)
+    lhs, rhs = formats.as_array(lhs, what, "lhs"), formats.as_array(rhs, what, "rhs")
     for name, x in (("lhs", lhs), ("rhs", rhs)):
         if not jnp.issubdtype(x.dtype, jnp.floating) or x.dtype.itemsize < 2:
             raise TypeError(f"{what}: {name} must be float16/bfloat16/float32/float64 (it is quantized here), "
@@ -495,10 +520,11 @@ def scaled_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_el
                          f"axis {rc[0]}")
     if [lhs.shape[d] for d in lb] != [rhs.shape[d] for d in rb]:
         raise ValueError(f"{what}: batch sizes differ: lhs {lhs.shape} dims {lb} vs rhs {rhs.shape} dims {rb}")
-    out_dtype = jnp.dtype(preferred_element_type) if preferred_element_type is not None else \
-        jnp.promote_types(lhs.dtype, rhs.dtype)
-    if out_dtype not in _OUT_DTYPES:
-        out_dtype = _check_out_dtype(jnp.float32 if out_dtype == jnp.float64 else out_dtype, what)
+    requested = jnp.promote_types(lhs.dtype, rhs.dtype) if preferred_element_type is None else preferred_element_type
+    # float64 (x64 inputs, or asked for) is computed and returned in float32
+    out_dtype = formats.float_dtype(requested, _OUT_DTYPES + (jnp.dtype(jnp.float64),), what,
+                                    "preferred_element_type")
+    out_dtype = jnp.dtype(jnp.float32) if out_dtype == jnp.float64 else out_dtype
     lfree = tuple(d for d in range(lhs.ndim) if d != lc[0] and d not in lb)
     rfree = tuple(d for d in range(rhs.ndim) if d != rc[0] and d not in rb)
     bsz = math.prod(lhs.shape[d] for d in lb)

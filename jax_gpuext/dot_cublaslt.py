@@ -181,7 +181,8 @@ def _operand(data, scale, info):
     """(data, scale) in the layouts cuBLASLt reads for ``_scale_mode(info)``."""
     if info.per_tensor:  # (B, 1, 1): one fp32 scale per batch, which is one scale for all
         return data, scale.reshape(scale.shape[0], 1)
-    if info.family == "nvfp4":
+    if info.family == "nvfp4":  # VEC16_UE4M3: unsigned scales
+        data, scale = _dot.fold_scale_signs(data, scale)
         return _dot.pack_fp4(data), jax.lax.bitcast_convert_type(_tile_128x4(scale), jnp.uint8)
     if info.family == "mx":
         return data, jax.lax.bitcast_convert_type(_tile_128x4(scale), jnp.uint8)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import operator
 
 import jax
 import jax.numpy as jnp
@@ -46,6 +47,22 @@ class BlockFormat:
     code: int
     has_global_scale: bool = False
 
+    def __post_init__(self):
+        # Formats compare, hash and dispatch by value (never by identity: pickle, deepcopy and
+        # config systems make new objects). Normalizing the fields makes a format rebuilt from
+        # equivalent facts (a scalar type for a dtype, a list for the block) equal to the original.
+        if not isinstance(self.name, str):
+            raise TypeError(f"BlockFormat.name must be a str, got {self.name!r}")
+        object.__setattr__(self, "elem_dtype", jnp.dtype(self.elem_dtype))
+        object.__setattr__(self, "scale_dtype", jnp.dtype(self.scale_dtype))
+        object.__setattr__(self, "block", tuple(operator.index(b) for b in self.block))
+        object.__setattr__(self, "code", operator.index(self.code))
+        object.__setattr__(self, "has_global_scale", bool(self.has_global_scale))
+
+    def __reduce__(self):
+        # pickle / copy / deepcopy come back as the canonical module-level format when one is equal
+        return (_format_from_fields, dataclasses.astuple(self))
+
     @property
     def elem_max(self) -> float:
         return float(jnp.finfo(self.elem_dtype).max)
@@ -73,8 +90,19 @@ FP8_TENSOR = BlockFormat("FP8_TENSOR", jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(j
 # OCP MX v1.0 MXFP4: E2M1 elements, one E8M0 scale per 32 (gpt-oss weights); packed like NVFP4.
 MXFP4 = BlockFormat("MXFP4", jnp.dtype(jnp.float4_e2m1fn), jnp.dtype(jnp.float8_e8m0fnu), (32,), 6)
 FORMATS = {f.name: f for f in (MXFP8_E4M3, MXFP8_E5M2, NVFP4, FP8_1x128, FP8_128x128, FP8_TENSOR, MXFP4)}
-# The element name of each MX format in _formats_reference.ELEMENTS.
-_MX_ELEMENTS = {"MXFP8_E4M3": "e4m3", "MXFP8_E5M2": "e5m2", "MXFP4": "e2m1"}
+
+
+def _format_from_fields(*fields) -> BlockFormat:
+    """Unpickling: the registered format equal to ``fields`` (so ``is`` still holds for code
+    outside this package that uses it), else a new BlockFormat."""
+    fmt = BlockFormat(*fields)
+    return FORMATS.get(fmt.name) if FORMATS.get(fmt.name) == fmt else fmt
+
+
+# The reference's name of each element type (``_formats_reference.ELEMENTS``): formats dispatch on
+# their element dtype, a value, so that an equal copy of a format is the same format.
+_REF_ELEMENTS = {jnp.dtype(jnp.float8_e4m3fn): "e4m3", jnp.dtype(jnp.float8_e5m2): "e5m2",
+                 jnp.dtype(jnp.float4_e2m1fn): "e2m1"}
 _ROUNDING_CODES = {"up": 0, "ocp": 1}
 
 
@@ -124,21 +152,34 @@ class BlockScaledArray:
     """Quantized data plus scales. ``data`` keeps the logical shape of the input (no padding);
     ``scale`` has one entry per (possibly partial) block; ``global_scale`` is an fp32 scalar
     (leading batch dims under vmap) for formats that have one, else None. ``axis`` is stored
-    negative so that it stays right when vmap adds leading batch dimensions."""
+    negative so that it stays right when vmap adds leading batch dimensions.
+
+    Construction validates the parts (``data`` / ``scale`` / ``global_scale``: arrays, tracers or
+    ``jax.ShapeDtypeStruct``; dtypes and shapes as ``format`` and ``axis`` require; a per-tensor
+    value may carry leading batch dims of ``data``). JAX's own rebuilding of the pytree
+    (``tree_unflatten``, which transformations call with placeholder leaves) does not validate.
+    """
 
     def __init__(self, data, scale, global_scale, format: BlockFormat, axis: int):
-        self.data = data
-        self.scale = scale
-        self.global_scale = global_scale
-        self.format = format
-        self.axis = axis
+        parts = _check_parts(data, scale, global_scale, format, axis, "BlockScaledArray")
+        self.data, self.scale, self.global_scale, self.format, self.axis = parts
+
+    def check(self, what: str = "BlockScaledArray") -> None:
+        """Validates the parts again: they may have been replaced since construction (tree_map,
+        tree_unflatten). Ops call it before choosing a backend; errors start with ``what``."""
+        _check_parts(self.data, self.scale, self.global_scale, self.format, self.axis, what)
 
     def tree_flatten(self):
         return (self.data, self.scale, self.global_scale), (self.format, self.axis)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        return cls(*children, *aux)
+        # JAX unflattens with leaves that are not arrays (object() sentinels, None, in_axes ints,
+        # shardings) while it transforms: build the object without __init__'s checks.
+        q = object.__new__(cls)
+        q.data, q.scale, q.global_scale = children
+        q.format, q.axis = aux
+        return q
 
     @property
     def shape(self):
@@ -153,6 +194,81 @@ class BlockScaledArray:
 
 
 # --------------------------------------------------------------------------- validation
+def _array_part(part: str, x, what: str):
+    """An array-like part of a BlockScaledArray: anything with a shape and a dtype (jax.Array,
+    numpy array, tracer, ShapeDtypeStruct). Lists, scalars and other objects are refused."""
+    if not (hasattr(x, "shape") and hasattr(x, "dtype")) or isinstance(x, type):
+        raise TypeError(f"{what}: {part} must be an array (jax.Array, numpy.ndarray or jax.ShapeDtypeStruct), "
+                        f"got {type(x).__name__}")
+    return x
+
+
+def as_array(x, what: str, name: str):
+    """``jnp.asarray(x)`` with an error that names the argument (None, strings, objects)."""
+    try:
+        return jnp.asarray(x)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{what}: {name} must be an array or array-like of numbers, got "
+                        f"{type(x).__name__} ({e})") from None
+
+
+def float_dtype(dtype, allowed, what: str, name: str):
+    """``jnp.dtype(dtype)`` if it is one of ``allowed``, else a TypeError naming ``name``
+    (None is refused: jnp.dtype(None) would be float64)."""
+    try:
+        dt = None if dtype is None else jnp.dtype(dtype)
+    except TypeError:
+        dt = None
+    if dt is None or dt not in allowed:  # (np.dtype("float64") == None is True: test None first)
+        got = repr(dtype) if dt is None else dt.name
+        raise TypeError(f"{what}: {name} must be one of {[d.name for d in allowed]}, got {got}")
+    return dt
+
+
+def _check_parts(data, scale, global_scale, fmt, axis, what: str):
+    """Validated (data, scale, global_scale, format, axis) of a BlockScaledArray; axis negative.
+    Dtype mismatches are TypeErrors, shape mismatches ValueErrors, each naming the part."""
+    if not isinstance(fmt, BlockFormat):
+        hint = f" (use jax_gpuext.{fmt})" if isinstance(fmt, str) and fmt in FORMATS else ""
+        raise TypeError(f"{what}: format must be a jax_gpuext.BlockFormat (one of {sorted(FORMATS)}), "
+                        f"got {type(fmt).__name__} {fmt!r}{hint}")
+    data, scale = _array_part("data", data, what), _array_part("scale", scale, what)
+    shape = tuple(data.shape)
+    ax = _normalize_axis(axis, len(shape), fmt, shape, what=f"{what}: data")
+    for part, x, want in (("data", data, fmt.elem_dtype), ("scale", scale, fmt.scale_dtype)):
+        if jnp.dtype(x.dtype) != want:
+            raise TypeError(f"{what}: {part} of a {fmt.name} array must have dtype {want.name}, "
+                            f"got {jnp.dtype(x.dtype).name} (shape {tuple(x.shape)})")
+    # FP8_TENSOR: one scale per tensor; quantized under vmap, the scale holds the leading batch dims
+    expected = _leading(scale, shape) if fmt.per_tensor else scale_shape(shape, fmt, ax)
+    if tuple(scale.shape) != expected:
+        raise ValueError(f"{what}: scale of {fmt.name} data {jnp.dtype(data.dtype).name}{list(shape)} "
+                         f"(axis {ax}) must have shape {list(expected)}, got "
+                         f"{jnp.dtype(scale.dtype).name}{list(scale.shape)}")
+    if not fmt.has_global_scale:
+        if global_scale is not None:
+            raise ValueError(f"{what}: {fmt.name} has no global scale; global_scale must be None, got "
+                             f"{type(global_scale).__name__}")
+        return data, scale, None, fmt, ax
+    if global_scale is None:
+        raise ValueError(f"{what}: {fmt.name} needs a global_scale (float32 scalar), got None")
+    if isinstance(global_scale, (float, int)) and not isinstance(global_scale, bool):
+        global_scale = np.asarray(global_scale, np.float32)
+    g = _array_part("global_scale", global_scale, what)
+    if jnp.dtype(g.dtype) != jnp.float32:
+        raise TypeError(f"{what}: global_scale must have dtype float32, got {jnp.dtype(g.dtype).name}")
+    if tuple(g.shape) != _leading(g, shape):
+        raise ValueError(f"{what}: global_scale must be a scalar or have leading dims of data {list(shape)} "
+                         f"(one value per batch entry), got shape {list(g.shape)}")
+    return data, scale, g, fmt, ax
+
+
+def _leading(x, shape) -> tuple[int, ...]:
+    """The shape a per-tensor value like ``x`` must have: the leading dims of ``shape`` it spans
+    (none for a scalar; all of ``shape``, which x then fails to match, when x has more dims)."""
+    return tuple(shape[:len(x.shape)])
+
+
 def _check_format(fmt) -> BlockFormat:
     if isinstance(fmt, str):
         if fmt not in FORMATS:
@@ -163,19 +279,19 @@ def _check_format(fmt) -> BlockFormat:
     return fmt
 
 
-def _normalize_axis(axis, ndim: int, fmt: BlockFormat, shape) -> int:
+def _normalize_axis(axis, ndim: int, fmt: BlockFormat, shape, what: str = "x") -> int:
     """Returns the axis as a negative index (FP8_TENSOR keeps it only as the default contracting
     axis of block_scaled_dot: its one scale covers every axis)."""
     if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
-        raise TypeError(f"axis must be an int, got {axis!r}")
+        raise TypeError(f"axis must be an int, got {type(axis).__name__} {axis!r}")
     if len(fmt.block) == 2:
         if ndim < 2:
-            raise ValueError(f"{fmt.name} blocks the last two axes: x needs rank >= 2, got shape {shape}")
+            raise ValueError(f"{fmt.name} blocks the last two axes: {what} needs rank >= 2, got shape {shape}")
         if axis not in (-1, ndim - 1):
             raise ValueError(f"{fmt.name} blocks the last two axes; axis must be -1, got {axis} for shape {shape}")
         return -1
     if ndim == 0 or not -ndim <= axis < ndim:
-        raise ValueError(f"axis {axis} is out of range for x of shape {shape}")
+        raise ValueError(f"axis {axis} is out of range for {what} of shape {shape}")
     return int(axis) - ndim if axis >= 0 else int(axis)
 
 
@@ -199,7 +315,7 @@ def _check_global_scale(global_scale, fmt: BlockFormat):
         return None
     if global_scale is None:
         return None
-    g = jnp.asarray(global_scale)
+    g = as_array(global_scale, "quantize", "global_scale")
     if g.shape != ():
         raise ValueError(f"global_scale must be a scalar (shape ()), got shape {g.shape}")
     if not jnp.issubdtype(g.dtype, jnp.floating):
@@ -254,7 +370,7 @@ def quantize(x, fmt, *, axis: int = -1, scale_rounding: str = "up", global_scale
     ``global_scale``: NVFP4's fp32 dequantisation scale; default amax / (6 * 448).
     """
     fmt = _check_format(fmt)
-    x = jnp.asarray(x)
+    x = as_array(x, "quantize", "x")
     if x.dtype not in INPUT_DTYPES:
         raise TypeError(f"quantize: x must be float32, bfloat16 or float16, got {x.dtype} (shape {x.shape})")
     ax = _normalize_axis(axis, x.ndim, fmt, x.shape)
@@ -326,13 +442,16 @@ def _broadcast_leading(g, ndim: int):
 
 def _quantize_blocks(bits, amax, fmt: BlockFormat, rounding: str, g_bits):
     if fmt.is_mx:
-        return ref.mx_quantize_blocks(bits, amax, _MX_ELEMENTS[fmt.name], rounding)
+        return ref.mx_quantize_blocks(bits, amax, _REF_ELEMENTS[fmt.elem_dtype], rounding)
     if fmt.has_global_scale:
         return ref.nvfp4_quantize_blocks(bits, amax, g_bits)
     return ref.fp8_blockwise_quantize_blocks(bits, amax)
 
 
 def _quantize_reference(x, fmt: BlockFormat, axis: int, rounding: str, g):
+    if x.size == 0 and not fmt.per_tensor:  # no blocks (and a block length of 0 to divide by)
+        return (_codes_to_elements(jnp.zeros(x.shape, jnp.uint32), fmt.elem_dtype),
+                _scale_from_bits(jnp.zeros(scale_shape(x.shape, fmt, axis), jnp.uint32), fmt))
     bits = ref.to_f32_bits(x)
     if fmt.per_tensor:  # one block: the whole tensor (initial=0: an empty tensor gets scale 1)
         amax = jnp.max(bits & jnp.uint32(ref.F32_ABS_MASK), initial=np.uint32(0))
@@ -399,18 +518,9 @@ def dequantize(q: BlockScaledArray, dtype=jnp.float32, *, backend: str = "auto")
     """``data * scale (* global_scale)`` rounded once to ``dtype`` (float32, bfloat16, float16)."""
     if not isinstance(q, BlockScaledArray):
         raise TypeError(f"dequantize expects a jax_gpuext.BlockScaledArray, got {type(q).__name__}")
-    dtype = jnp.dtype(dtype)
-    if dtype not in _OUT_FORMATS:
-        raise TypeError(f"dequantize: dtype must be float32, bfloat16 or float16, got {dtype}")
+    dtype = float_dtype(dtype, INPUT_DTYPES, "dequantize", "dtype")
+    q.check("dequantize")
     fmt = q.format
-    # FP8_TENSOR: one scale per tensor; quantized under vmap, the scale holds the leading batch dims
-    expected = tuple(q.data.shape[:q.scale.ndim]) if fmt.per_tensor else scale_shape(q.data.shape, fmt, q.axis)
-    if q.data.dtype != fmt.elem_dtype or q.scale.dtype != fmt.scale_dtype or q.scale.shape != expected:
-        raise ValueError(f"{fmt.name}: data {q.data.dtype}{list(q.data.shape)} and scale "
-                         f"{q.scale.dtype}{list(q.scale.shape)} do not match (expected data {fmt.elem_dtype}, "
-                         f"scale {fmt.scale_dtype}{list(expected)})")
-    if fmt.has_global_scale and q.global_scale is None:
-        raise ValueError(f"{fmt.name}: global_scale is missing")
     sel = backends.select(DEQUANTIZE_OP, backend, problem=(fmt, q.data.shape, dtype))
     _note_fp4_layout(sel, fmt)
     if sel.chosen == "reference":
@@ -434,11 +544,13 @@ def _expand_scale(scale, fmt: BlockFormat, axis: int, shape):
 
 
 def _dequantize_reference(q: BlockScaledArray, dtype):
+    if q.data.size == 0:
+        return jnp.zeros(q.data.shape, dtype)
     fmt, out = q.format, _OUT_FORMATS[dtype]
     codes = _elements_to_codes(q.data)
     scale = _expand_scale(_scale_to_bits(q.scale), fmt, q.axis, q.data.shape)
     if fmt.is_mx:
-        y = ref.mx_dequantize_blocks(codes, scale, _MX_ELEMENTS[fmt.name], out)
+        y = ref.mx_dequantize_blocks(codes, scale, _REF_ELEMENTS[fmt.elem_dtype], out)
     elif fmt.has_global_scale:
         g_bits = _broadcast_leading(lax.bitcast_convert_type(q.global_scale.astype(jnp.float32), jnp.uint32),
                                     codes.ndim)

@@ -222,8 +222,11 @@ def test_per_example_scales_must_lead_the_batch_dims():
     qw3 = gx.quantize(rand(44, (3, 5, 64)), gx.FP8_TENSOR)
     dn = (((2,), (2,)), ((0,), (0,)))
     assert gx.block_scaled_dot(qx, qw3, dn, preferred_element_type=jnp.float32).shape == (3, 6, 5)
-    bad = gx.BlockScaledArray(qx.data, qx.scale[:2], None, gx.FP8_TENSOR, qx.axis)
-    with pytest.raises(TypeError, match=r"scale float32\[2\]"):
+    with pytest.raises(ValueError, match=r"must have shape \[3\], got float32\[2\]"):
+        gx.BlockScaledArray(qx.data, qx.scale[:2], None, gx.FP8_TENSOR, qx.axis)
+    bad = jax.tree.map(lambda a: a, qx)
+    bad.scale = qx.scale[:2]  # parts replaced after construction are checked by the op
+    with pytest.raises(ValueError, match=r"block_scaled_dot: lhs: scale .* got float32\[2\]"):
         gx.block_scaled_dot(bad, qw3, dn)
     # GPU backends that take one alpha per call say why they pass on per-expert NVFP4 global scales
     from jax_gpuext import dot_cublaslt, dot_cudnn

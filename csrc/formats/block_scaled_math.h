@@ -278,6 +278,7 @@ GPUEXT_HD uint32_t DequantizeElement(int32_t format, uint32_t code, uint32_t sca
   } else if (format == kNvfp4) {
     nan = nan || (scale & 0x7Fu) == E4M3Format().nan_code || GlobalScaleInvalid(g);
     const Unpacked s = Decode(scale, E4M3Format());
+    y.sign ^= s.sign;  // data x scale: a negative (hand-built) scale flips the sign
     if (!nan && u.m != 0 && s.m != 0) {
       const Unpacked gu = Decode(g, F32Format());
       const Unpacked t = Multiply(u.k, u.m, s.k, s.m);  // exact: 2 x 4 significand bits
@@ -288,6 +289,7 @@ GPUEXT_HD uint32_t DequantizeElement(int32_t format, uint32_t code, uint32_t sca
   } else {
     nan = nan || (scale & kF32AbsMask) >= kF32Inf;
     const Unpacked s = Decode(scale, F32Format());
+    y.sign ^= s.sign;
     if (!nan && u.m != 0 && s.m != 0) {
       const Unpacked p = Multiply(u.k, u.m, s.k, s.m);
       y.k = p.k;
