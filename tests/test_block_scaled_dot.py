@@ -471,6 +471,7 @@ GPU_FORMATS = [
 ]
 
 
+@pytest.mark.verifies("block_scaled_dot.{backend}")
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt_l,fmt_r,backend", GPU_FORMATS)
 def test_gpu_backend_matches_reference(fmt_l, fmt_r, backend):
@@ -489,6 +490,7 @@ def test_gpu_backend_matches_reference(fmt_l, fmt_r, backend):
     assert _libs.path(lib) not in hlo
 
 
+@pytest.mark.verifies("block_scaled_dot.cublaslt")
 @pytest.mark.gpu
 @pytest.mark.gates("hopper", "cublaslt_dot_built")
 @pytest.mark.parametrize("fmt_r", [gx.FP8_128x128, gx.FP8_1x128], ids=["128x128", "1x128"])
@@ -504,6 +506,7 @@ def test_gpu_cublaslt_fp8_blockwise_ragged_and_batched(fmt_r):
     assert "gpuext_block_scaled_dot_cublaslt" in f.lower(lhs, rhs).compile().as_text()
 
 
+@pytest.mark.verifies("block_scaled_dot.{backend}")
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt_l,fmt_r,backend", GPU_FORMATS[:2] + GPU_FORMATS[3:4])
 @pytest.mark.parametrize("command_buffer", ["", "CUSTOM_CALL"])
@@ -554,6 +557,7 @@ assert _ext.module("cuda").cublaslt_plan_stats() == (1, 0), "the execute path ha
 """
 
 
+@pytest.mark.verifies("block_scaled_dot.cublaslt")
 @pytest.mark.gpu
 @pytest.mark.gates("hopper", "cublaslt_dot_built")
 def test_gpu_cublaslt_executable_compiled_elsewhere_prepares_in_initialize(tmp_path):
@@ -592,6 +596,7 @@ def test_gpu_cublaslt_executable_compiled_elsewhere_prepares_in_initialize(tmp_p
                                atol=1e-3 * float(jnp.abs(ref).max()))
 
 
+@pytest.mark.verifies("block_scaled_dot.cublaslt")
 @pytest.mark.gpu
 @pytest.mark.gates("fp8_tensor_cores", "cublaslt_dot_built")
 def test_gpu_per_tensor_batched_and_vmapped():
@@ -619,6 +624,7 @@ def test_gpu_per_tensor_batched_and_vmapped():
     close(batched("cublaslt")(qs, ws), batched("reference")(qs, ws))
 
 
+@pytest.mark.verifies("block_scaled_dot.cublaslt")
 @pytest.mark.gpu
 @pytest.mark.gates("hopper", "cublaslt_dot_built")
 def test_gpu_training_step_uses_cublaslt():
