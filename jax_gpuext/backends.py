@@ -147,11 +147,14 @@ def _why_not(b: Backend, platform_name: str, problem) -> str | None:
 
 
 def unverified(op: str, b: Backend, platform_name: str) -> str | None:
-    """Why backend ``b`` of ``op`` is not verified here (None: verified, or XLA's own code)."""
-    if platform_name != "cuda":
-        return None
+    """Why backend ``b`` of ``op`` is not verified here (None: verified, or XLA's own code).
+
+    Only on a CUDA device: the record is per architecture. Lowering for cuda ahead of time on a
+    host without one is left to the backends' own gates (most need ``cuda_device``)."""
     from jax_gpuext import verified
 
+    if platform_name != "cuda" or verified.architecture() is None:
+        return None
     components = verified.components(op, b.name)
     if not components:
         return None

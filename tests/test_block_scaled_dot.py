@@ -429,7 +429,8 @@ def test_explain_shows_the_backend():
     assert len(calls) == 1 and calls[0].chosen == "reference"
     ex = gx.explain(lambda p, q: gx.block_scaled_dot(p, q), a, b, platform="cuda")
     (call,) = [c for c in ex.calls if c.op == "block_scaled_dot"]
-    assert [n for n, _ in call.rejected] == ["cudnn", "cublaslt", "hopper_mx"]
+    assert call.chosen == "xla"  # XLA's own path on CUDA (issue 16); the reference is lower preference
+    assert [n for n, _ in call.rejected] == ["cudnn", "cublaslt", "hopper_mx", "reference"]
     assert "block_scaled_dot" in str(ex)
 
 
@@ -437,7 +438,7 @@ def test_backend_order():
     from jax_gpuext import backends
 
     names = [b.name for b in backends.backends("block_scaled_dot")]
-    assert names == ["cudnn", "cublaslt", "hopper_mx", "reference"]
+    assert names == ["cudnn", "cublaslt", "hopper_mx", "xla", "reference"]
 
 
 def test_demo_steps_run(capsys):
