@@ -88,10 +88,11 @@ def format_table(report: dict) -> str:
     for name, g in report["gates"].items():
         out.append(f"  {name:<{gw}}  {'yes' if g['supported'] else 'no ':<3}  {g['reason']}")
     v = report["verified"]
-    out += ["", f"verified GPU backends (auto runs only these on a GPU{'; JAX_GPUEXT_ALLOW_UNVERIFIED=1 is set' if v['allow_unverified'] else ''})"]
+    allowed = "; JAX_GPUEXT_ALLOW_UNVERIFIED=1 is set" if v["allow_unverified"] else ""
+    out += ["", f"verified GPU backends (auto runs only these on a GPU{allowed})"]
     vw = max(len(n) for n in v["backends"])
     for name, b in v["backends"].items():
-        where = ", ".join(f"{a}{'' if e['at_this_source'] else ' (older source)'}" for a, e in b["architectures"].items())
+        where = ", ".join(a + ("" if e["at_this_source"] else " (older source)") for a, e in b["architectures"].items())
         here = "yes" if b["here"]["verified"] else "no "
         out.append(f"  {name:<{vw}}  {here}  {b['here']['reason']}; passed on: {where or 'none'}")
     return "\n".join(out)
