@@ -16,6 +16,8 @@ def main(argv=None) -> int:
     g.add_argument("--markdown", action="store_true", help="the static table for docs/gates.md")
     g.add_argument("--backends", action="store_true",
                    help="the 'which backend will I get' tables for docs/gates.md (every op, auto's order)")
+    g.add_argument("--verified", action="store_true",
+                   help="the 'what is verified' table for docs/gates.md (from the verification record)")
     sub.add_parser("demo", help="print info, then run every op on the available devices")
     args = parser.parse_args(argv)
 
@@ -27,7 +29,11 @@ def main(argv=None) -> int:
     elif args.command == "gates":
         from jax_gpuext.capabilities import backends_markdown, capabilities, gates_markdown
 
-        if args.backends:
+        if args.verified:
+            from jax_gpuext import verified
+
+            print(verified.markdown())
+        elif args.backends:
             print(backends_markdown())
         elif args.markdown:
             print(gates_markdown())

@@ -36,9 +36,19 @@ def module(kind: str):
     return load(kind)[0]
 
 
+def parse_fingerprints(text: str) -> dict[str, str]:
+    """The modules' "component=fingerprint,..." (cmake/source_fingerprints.cmake) as a dict."""
+    return dict(item.split("=", 1) for item in text.split(",") if "=" in item)
+
+
 def build_info(kind: str) -> dict | None:
     mod = module(kind)
-    return None if mod is None else dict(mod.build_info())
+    if mod is None:
+        return None
+    info = dict(mod.build_info())
+    if isinstance(info.get("source_fingerprints"), str):
+        info["source_fingerprints"] = parse_fingerprints(info["source_fingerprints"])
+    return info
 
 
 def ensure_registered(kind: str) -> None:

@@ -8,6 +8,11 @@ the fallback is logged once on logger ``jax_gpuext`` and every selection is reco
 
 ``JAX_GPUEXT_FORCE_REFERENCE=op1,op2`` (or ``all``) forces the ``reference`` backend of the
 named ops, for bisecting a wrong result down to one of our kernels.
+
+Safe defaults (``jax_gpuext.verified``): on CUDA, ``auto`` passes over a GPU backend (one in
+``verified.BACKENDS``) that is not verified on this GPU's architecture at this build's
+source fingerprint: a visible choice, logged once. Naming it runs it (one warning per process);
+``JAX_GPUEXT_ALLOW_UNVERIFIED=1`` lets ``auto`` take it.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ class Backend:
     ``prefers(problem)``, consulted by ``auto`` only, passes over a backend that *could* run the
     problem but should not (all_reduce's one_shot above its size crossover): a choice, not a
     fallback, so it is neither logged as one nor flagged by explain.
+    Which backends run GPU code that must be verified is one table, ``verified.BACKENDS``.
     """
 
     name: str
@@ -118,18 +124,48 @@ def forced_reference(op: str) -> bool:
     return "all" in names or op in names
 
 
-def _why_not(b: Backend, platform_name: str, problem) -> str | None:
+def _why_not_here(b: Backend, platform_name: str) -> str | None:
+    """Platform and gates: what holds for every problem."""
     if platform_name not in b.platforms:
         return f"runs on {'/'.join(b.platforms)}, not {platform_name}"
     for g in b.gates:
         r = gates.check(g)
         if not r.supported:
             return f"gate {g}: {r.reason}"
+    return None
+
+
+def _why_not(b: Backend, platform_name: str, problem) -> str | None:
+    why = _why_not_here(b, platform_name)
+    if why is not None:
+        return why
     if b.supports is not None:
         r = b.supports(problem)
         if not r.supported:
             return r.reason
     return None
+
+
+def unverified(op: str, b: Backend, platform_name: str) -> str | None:
+    """Why backend ``b`` of ``op`` is not verified here (None: verified, or XLA's own code).
+
+    Only on a CUDA device: the record is per architecture. Lowering for cuda ahead of time on a
+    host without one is left to the backends' own gates (most need ``cuda_device``)."""
+    from jax_gpuext import verified
+
+    if platform_name != "cuda" or verified.architecture() is None:
+        return None
+    components = verified.components(op, b.name)
+    if not components:
+        return None
+    r = verified.check_all(components)
+    return None if r.supported else r.reason
+
+
+def _warn_once(key: tuple, message: str, *args) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        logger.warning(message, *args)
 
 
 def check_requested(op: str, requested, caller: str | None = None) -> None:
@@ -163,11 +199,31 @@ def select(op: str, requested: str = "auto", *, problem=None) -> Selection:
         if why is not None:
             raise UnsupportedError(f"{op}: backend {requested!r} cannot run here", reason=why)
         rejected = [(n, "not requested") for n in names if n != requested]
-        return _record(Selection(op, requested, platform_name, requested, "requested by name", rejected, False))
+        sel = Selection(op, requested, platform_name, requested, "requested by name", rejected, False)
+        unv = unverified(op, b, platform_name)
+        if unv is not None:  # named: it runs, and says once that it has not passed on this GPU
+            sel.notes.append(f"runs unverified (requested by name): {unv}")
+            _warn_once(("named", op, requested), "%s: backend %r runs because it was named, but it is %s",
+                       op, requested, unv)
+        return _record(sel)
 
-    rejected, skipped_same_platform = [], False
+    from jax_gpuext import verified
+
+    rejected, skipped_same_platform, unverified_names, allowed = [], False, [], {}
     for b in candidates:
-        why = _why_not(b, platform_name, problem)
+        why = _why_not_here(b, platform_name)
+        unv = unverified(op, b, platform_name) if why is None else None
+        if unv is not None and not verified.allow_unverified():
+            # Checked before `supports`: a backend auto will not take needs no trace-time probing.
+            rejected.append((b.name, f"{PASSED_OVER}: {unv}"))
+            unverified_names.append(b.name)
+            _warn_once(("unverified", op, b.name, unv), "%s: auto passes over backend %r: %s (%s=1 lets auto "
+                       "take it; naming the backend runs it)", op, b.name, unv, verified.ALLOW_ENV)
+            continue
+        if why is None:
+            why = _why_not(b, platform_name, problem)
+        if why is None and unv is not None:
+            allowed[b.name] = f"runs unverified ({verified.ALLOW_ENV}=1): {unv}"
         if why is None and b.prefers is not None:
             pref = b.prefers(problem)
             if not pref.supported:  # it could run, but another backend is the better choice
@@ -175,15 +231,17 @@ def select(op: str, requested: str = "auto", *, problem=None) -> Selection:
                 continue
         if why is None:
             reason = b.description or "first supported backend"
-            sel = Selection(op, requested, platform_name, b.name, reason, rejected, skipped_same_platform)
+            sel = Selection(op, requested, platform_name, b.name, reason, rejected, skipped_same_platform,
+                            [allowed[b.name]] if b.name in allowed else [])
             # backends after the chosen one were not needed; say so for explain's table
             sel.rejected += [(o.name, "lower preference") for o in candidates[names.index(b.name) + 1:]]
             return _record(sel)
         rejected.append((b.name, why))
         skipped_same_platform |= platform_name in b.platforms
     passed = [b for b in candidates if any(n == b.name and w.startswith(PASSED_OVER) for n, w in rejected)]
-    if passed:  # nothing else runs: a backend that was only passed over is still better than none
-        b = passed[0]
+    for b in passed:  # nothing else runs: a backend that was only passed over is still better than none
+        if b.name in unverified_names and _why_not(b, platform_name, problem) is not None:
+            continue  # passed over before its `supports` was asked; it cannot run this problem either
         rest = [(n, w) for n, w in rejected if n != b.name]
         return _record(Selection(op, requested, platform_name, b.name, "the only backend that runs", rest,
                                  skipped_same_platform))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import platform as _platform
 
-from jax_gpuext import _ext, _libs, gates
+from jax_gpuext import _ext, _libs, gates, verified
 
 
 def _devices() -> list[dict]:
@@ -66,6 +66,8 @@ def capabilities() -> dict:
             for name, g in gates.GATES.items()
             for r in [g.check()]
         },
+        # Issue 16: per GPU backend, where it has passed its GPU tests and whether it runs here.
+        "verified": verified.report(),
     }
 
 
@@ -99,6 +101,14 @@ def format_table(report: dict) -> str:
     gw = max(len(n) for n in report["gates"])
     for name, g in report["gates"].items():
         out.append(f"  {name:<{gw}}  {'yes' if g['supported'] else 'no ':<3}  {g['reason']}")
+    v = report["verified"]
+    allowed = "; JAX_GPUEXT_ALLOW_UNVERIFIED=1 is set" if v["allow_unverified"] else ""
+    out += ["", f"verified GPU backends (auto runs only these on a GPU{allowed})"]
+    vw = max(len(n) for n in v["backends"])
+    for name, b in v["backends"].items():
+        where = ", ".join(a + ("" if e["at_this_source"] else " (older source)") for a, e in b["architectures"].items())
+        here = "yes" if b["here"]["verified"] else "no "
+        out.append(f"  {name:<{vw}}  {here}  {b['here']['reason']}; passed on: {where or 'none'}")
     return "\n".join(out)
 
 
@@ -119,10 +129,12 @@ def backends_markdown() -> str:
 
     out = []
     for op in backends.ops():
-        out += [f"### `{op}`", "", "| order | backend | platforms | gates (requires) | takes | what it is |",
-                "|---|---|---|---|---|---|"]
+        out += [f"### `{op}`", "", "| order | backend | platforms | gates (requires) | auto on CUDA needs verified | "
+                "takes | what it is |", "|---|---|---|---|---|---|---|"]
         for i, b in enumerate(backends.backends(op), 1):
             needs = "; ".join(f"`{g}` ({gates.GATES[g].requires})" for g in b.gates) or "-"
-            out.append(f"| {i} | `{b.name}` | {', '.join(b.platforms)} | {needs} | {b.takes} | {b.description} |")
+            checked = ", ".join(f"`{c}`" for c in verified.BACKENDS.get((op, b.name), ())) or "-"
+            out.append(f"| {i} | `{b.name}` | {', '.join(b.platforms)} | {needs} | {checked} | {b.takes} | "
+                       f"{b.description} |")
         out.append("")
     return "\n".join(out).rstrip()

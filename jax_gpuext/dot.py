@@ -14,6 +14,9 @@ Backends of op ``block_scaled_dot``, in preference order (``jax_gpuext.explain``
   any FP8 GPU, and Blackwell MXFP8 / NVFP4 (``dot_cublaslt.py``).
 - ``hopper_mx``: our own sm_90a kernel, MXFP8 / MXFP4 (any pairing) and NVFP4 on Hopper's FP8 tensor cores
   (``hopper_mx.py``, ``csrc/hopper_mx/``).
+- ``xla``: XLA only, no custom call (``dot_xla.py``): MX / NVFP4 dequantized to bf16 + an XLA dot
+  accumulating in f32, FP8_TENSOR through XLA's FP8 dot. What ``auto`` runs on a GPU where none of
+  the above is verified (``verified.py``); on CPU it is passed over for the exact reference.
 - ``reference``: dequantize + ``lax.dot_general`` in float32; every platform.
 
 Canonical form. GPU backends see ``lhs (B, M, K)`` and ``rhs (B, N, K)``, both contiguous in K
@@ -366,11 +369,12 @@ def register_impl(name: str, backend: backends.Backend, impl) -> None:
 
 def _register_backends() -> None:
     # Imported here: each GPU backend module registers itself in preference order.
-    from jax_gpuext import dot_cublaslt, dot_cudnn, hopper_mx
+    from jax_gpuext import dot_cublaslt, dot_cudnn, dot_xla, hopper_mx
 
     dot_cudnn.register()
     dot_cublaslt.register()
     hopper_mx.register()  # issue 5: our sm_90a MXFP8/NVFP4 kernel
+    dot_xla.register()  # issue 16: XLA's own path, what auto runs where none of ours is verified
     backends.register(OP, backends.Backend(
         "reference", ("cpu", "cuda"), (), "dequantize to float32, then lax.dot_general (the semantic definition)",
         takes="every format pair of one family (MX: MXFP8 E4M3/E5M2 and MXFP4 in any pairing), any shape"))

@@ -412,6 +412,11 @@ backends.register("place", backends.Backend(
     "memory_kind", ("cpu", "cuda"), ("jax_memory_space_api",),
     "jax.device_put to a JAX memory kind (pinned_host / device) inside jit", _is_host,
     takes="PINNED_HOST and DEVICE"))
+# Issue 16: what auto takes on CUDA while the gpuext_place handler is not verified on this GPU
+# (jax_gpuext.verified): no custom call, so no memory space; logged and shown by explain.
+backends.register("place", backends.Backend(
+    "xla", ("cpu", "cuda"), (), "no custom call: x returned unchanged, the memory space is not applied",
+    _not_host, takes="every space but PINNED_HOST (placement not applied)"))
 
 
 def place(x, space, *, strict: bool = False, backend: str = "auto"):
@@ -429,7 +434,7 @@ def place(x, space, *, strict: bool = False, backend: str = "auto"):
     if backend == "auto" and space == MemorySpace.PINNED_HOST:
         backend = "memory_kind"  # the only way to host memory; raises with the gate's reason
     elif backend == "auto" and space == MemorySpace.DEVICE:
-        backend = "memory_kind" if gates.check("jax_memory_space_api") else "identity"
+        backend = "memory_kind" if gates.check("jax_memory_space_api") else "xla"  # unchanged either way
     sel = backends.select("place", backend, problem=space)
     if sel.chosen == "memory_kind":
         target = jax.memory.Space.Host if space == MemorySpace.PINNED_HOST else jax.memory.Space.Device
@@ -440,6 +445,11 @@ def place(x, space, *, strict: bool = False, backend: str = "auto"):
     if strict and sel.chosen != "custom_call" and sel.platform == "cuda":
         raise UnsupportedError(f"place: {space.name} placement cannot be honoured on cuda",
                                reason="; ".join(f"{n}: {w}" for n, w in sel.rejected))
+    if sel.chosen == "xla":
+        why = f"{space.name} placement not applied: x returned unchanged (no custom call)"
+        backends.note(sel, why)
+        _warn_once(("place", "xla", space.name), f"place: {why}")
+        return x
     return _place_call(jax.numpy.asarray(x), int(space), bool(strict), sel)
 
 

@@ -70,18 +70,17 @@ def _tests(work: str) -> dict:
     verbose log ends with the test that was running."""
     paths = sorted(glob.glob(os.path.join(work, "gpu-tests*.xml")))
     exits = _exits(os.path.join(work, "test_exits.txt"))
-    cut_short = [{"group": name, "exit_status": rc, "log_tail": _tail(os.path.join(work, f"gpu-tests-{name}.txt"))}
-                 for name, rc in exits.items()
-                 if rc in (124, 137) or not os.path.exists(os.path.join(work, f"gpu-tests-{name}.xml"))]
     if not paths and not exits:
         return {"ran": False}
     counts = {k: 0 for k in ("tests", "failures", "errors", "skipped")}
-    cases = []
+    cases, collected = [], {}
     for path in paths:
         root = ET.parse(path).getroot()
         suite = root if root.tag == "testsuite" else root.find("testsuite")
         for k in counts:
             counts[k] += int(suite.get(k, 0))
+        group = os.path.basename(path)[len("gpu-tests-"):-len(".xml")]
+        collected[group] = _properties(suite).get("verifies_collected")
         for case in suite.iter("testcase"):
             if case.get("name") is None:  # pytest's placeholder for the test a SIGINT interrupted
                 continue
@@ -91,13 +90,46 @@ def _tests(work: str) -> dict:
                     outcome = tag
             entry = {"test": f"{case.get('classname')}::{case.get('name')}", "outcome": outcome,
                      "seconds": float(case.get("time", 0))}
+            verifies = _properties(case, all_values=True).get("verifies")
+            if verifies:  # the verification-record components this test exercises (tests/conftest.py)
+                entry["verifies"] = verifies
             if outcome != "passed":
                 entry["detail"] = _case_detail(case, outcome)
                 if outcome in ("failure", "error") and ENV_MARK in entry["detail"]:
                     entry["cause"] = "environment"
             cases.append(entry)
+    # A group cut short (a hang): the test that hung is not in its junit file. verifies_collected
+    # names every component its tests exercise (None: no junit file, so it could be any).
+    cut_short = [{"group": name, "exit_status": rc, "log_tail": _tail(os.path.join(work, f"gpu-tests-{name}.txt")),
+                  "verifies_collected": None if collected.get(name) is None else
+                  [c for c in collected[name].split(",") if c]}
+                 for name, rc in exits.items()
+                 if rc in (124, 137) or not os.path.exists(os.path.join(work, f"gpu-tests-{name}.xml"))]
     return {"ran": True, **counts, "cases": cases, "groups": [os.path.basename(p) for p in paths],
             "group_exits": exits, "cut_short": cut_short}
+
+
+def _properties(element: ET.Element, all_values: bool = False) -> dict:
+    """A junit element's <properties>: name -> value (all_values: name -> [values])."""
+    out: dict = {}
+    for prop in element.findall("./properties/property"):
+        name, value = prop.get("name"), prop.get("value", "")
+        if all_values:
+            out.setdefault(name, []).append(value)
+        else:
+            out[name] = value
+    return out
+
+
+def _verification_table(cases: list[dict]) -> str:
+    """Per verification-record component: how its tests went (the record is built from the cases
+    by scripts/update_verified.py)."""
+    rows = {}
+    for c in cases:
+        for comp in c.get("verifies", []):
+            row = rows.setdefault(comp, {"backend": comp, "passed": 0, "failure": 0, "error": 0, "skipped": 0})
+            row[c["outcome"]] += 1
+    return _table([rows[k] for k in sorted(rows)]) if rows else ""
 
 
 def _lines(path: str) -> list[str]:
@@ -220,6 +252,11 @@ def main() -> None:
                f"{t['tests']} tests, {t['failures']} failures, {t['errors']} errors, "
                f"{t['skipped']} skipped (exit status {t['exit_status']}; per group: "
                + ", ".join(f"{g} {rc}" for g, rc in t["group_exits"].items()) + ")", ""]
+        table = _verification_table(cases)
+        if table:
+            fps = (result["versions"]["cuda_extension"] or {}).get("source_fingerprints", {})
+            md += ["### Per backend (verification record)", "",
+                   f"Source fingerprints of the build that ran: `{json.dumps(fps)}`", "", table, ""]
         if cases:
             md += [_table([{k: c[k] for k in ("test", "outcome", "seconds")} for c in cases]), ""]
         for g in t["cut_short"]:

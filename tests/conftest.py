@@ -5,6 +5,12 @@
   ``JAX_GPUEXT_REQUIRE_GPU=1`` (the GPU run script sets it) such a skip is a failure instead, so a
   GPU run cannot pass by skipping its GPU tests, unless only architecture gates are closed (a
   Blackwell test on an H100 still skips, with the reason in the report).
+- ``@pytest.mark.verifies("block_scaled_dot.{backend}", mode="plain")`` names the components of
+  the verification record (``jax_gpuext.verified``) a GPU test exercises; ``{param}`` is filled
+  from the test's parameters and keyword arguments restrict the marker to parameter values. The
+  names go to the junit file (a ``verifies`` property per test, and ``verifies_collected`` for the
+  whole group), from which ``scripts/write_results.py`` and ``scripts/update_verified.py`` build
+  the record.
 - Tests must run against the installed package: a source checkout without the compiled
   extension would silently test only the reference paths.
 """
@@ -33,6 +39,8 @@ ARCHITECTURE_GATES = {"sm80", "fp8_tensor_cores", "hopper", "blackwell"}
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gates(*names): skip unless these jax_gpuext gates are open")
+    config.addinivalue_line("markers", "verifies(*components, **params): the verification-record components "
+                                       "this GPU test exercises (where its parameters equal params)")
     here = pathlib.Path(jax_gpuext.__file__).resolve().parent
     if not gates.check("cpu_extension").supported:
         raise pytest.UsageError(
@@ -41,8 +49,20 @@ def pytest_configure(config):
             "the venv's pytest, not `python -m pytest` from the source tree.")
 
 
+def verified_components(item) -> list[str]:
+    """The components named by ``item``'s ``verifies`` markers that apply to its parameters."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    out = []
+    for m in item.iter_markers("verifies"):
+        if all(k in params and str(params[k]) == str(v) for k, v in m.kwargs.items()):
+            out += [c.format(**params) for c in m.args]
+    return sorted(set(out))
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
+        for component in verified_components(item):
+            item.user_properties.append(("verifies", component))
         names = [n for m in item.iter_markers("gates") for n in m.args]
         if item.get_closest_marker("gpu") and "cuda_device" not in names:
             names = ["cuda_extension", "cuda_device"] + names
@@ -63,3 +83,11 @@ def pytest_collection_modifyitems(config, items):
 def _gate_closed_is_failure(request):
     reason = dict(request.node.user_properties)["closed_gate"]
     pytest.fail(f"JAX_GPUEXT_REQUIRE_GPU=1 but a gate is closed: {reason}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _verifies_collected(request, record_testsuite_property):
+    """Every component the selected tests exercise, for the junit file: if this group is cut short
+    (a hang), none of them counts as verified by the run (the hung test is not in the file)."""
+    names = sorted({c for item in request.session.items for c in verified_components(item)})
+    record_testsuite_property("verifies_collected", ",".join(names))

@@ -238,6 +238,9 @@ def test_crossover_model():
 
 
 # --------------------------------------------------------------------------- GPU (one H100, MPS)
+@pytest.mark.verifies("all_reduce.one_shot", "all_reduce.two_shot", "all_reduce.nvshmem_library", mode="plain")
+@pytest.mark.verifies("all_reduce.graph_safe", mode="command_buffer")
+@pytest.mark.verifies("all_reduce.one_shot", mode="timeout")  # the timeout check runs one_shot
 @pytest.mark.gpu
 @pytest.mark.multiprocess
 @pytest.mark.gates("nvshmem", "nvshmem_allreduce_module")

@@ -516,7 +516,8 @@ def test_explain_shows_the_backend():
     assert len(calls) == 1 and calls[0].chosen == "reference"
     ex = gx.explain(lambda p, q: gx.block_scaled_dot(p, q), a, b, platform="cuda")
     (call,) = [c for c in ex.calls if c.op == "block_scaled_dot"]
-    assert [n for n, _ in call.rejected] == ["cudnn", "cublaslt", "hopper_mx"]
+    assert call.chosen == "xla"  # XLA's own path on CUDA (issue 16); the reference is lower preference
+    assert [n for n, _ in call.rejected] == ["cudnn", "cublaslt", "hopper_mx", "reference"]
     assert "block_scaled_dot" in str(ex)
 
 
@@ -524,7 +525,7 @@ def test_backend_order():
     from jax_gpuext import backends
 
     names = [b.name for b in backends.backends("block_scaled_dot")]
-    assert names == ["cudnn", "cublaslt", "hopper_mx", "reference"]
+    assert names == ["cudnn", "cublaslt", "hopper_mx", "xla", "reference"]
 
 
 def test_demo_steps_run(capsys):
@@ -558,6 +559,7 @@ GPU_FORMATS = [
 ]
 
 
+@pytest.mark.verifies("block_scaled_dot.{backend}")
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt_l,fmt_r,backend", GPU_FORMATS)
 def test_gpu_backend_matches_reference(fmt_l, fmt_r, backend):
@@ -576,6 +578,7 @@ def test_gpu_backend_matches_reference(fmt_l, fmt_r, backend):
     assert _libs.path(lib) not in hlo
 
 
+@pytest.mark.verifies("block_scaled_dot.cublaslt")
 @pytest.mark.gpu
 @pytest.mark.gates("hopper", "cublaslt_dot_built")
 @pytest.mark.parametrize("fmt_r", [gx.FP8_128x128, gx.FP8_1x128], ids=["128x128", "1x128"])
@@ -591,6 +594,7 @@ def test_gpu_cublaslt_fp8_blockwise_ragged_and_batched(fmt_r):
     assert "gpuext_block_scaled_dot_cublaslt" in f.lower(lhs, rhs).compile().as_text()
 
 
+@pytest.mark.verifies("block_scaled_dot.{backend}")
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt_l,fmt_r,backend", GPU_FORMATS[:2] + GPU_FORMATS[3:4])
 @pytest.mark.parametrize("command_buffer", ["", "CUSTOM_CALL"])
@@ -641,6 +645,7 @@ assert _ext.module("cuda").cublaslt_plan_stats() == (1, 0), "the execute path ha
 """
 
 
+@pytest.mark.verifies("block_scaled_dot.cublaslt")
 @pytest.mark.gpu
 @pytest.mark.gates("hopper", "cublaslt_dot_built")
 def test_gpu_cublaslt_executable_compiled_elsewhere_prepares_in_initialize(tmp_path):
@@ -679,6 +684,7 @@ def test_gpu_cublaslt_executable_compiled_elsewhere_prepares_in_initialize(tmp_p
                                atol=1e-3 * float(jnp.abs(ref).max()))
 
 
+@pytest.mark.verifies("block_scaled_dot.cublaslt")
 @pytest.mark.gpu
 @pytest.mark.gates("fp8_tensor_cores", "cublaslt_dot_built")
 def test_gpu_per_tensor_batched_and_vmapped():
@@ -706,6 +712,7 @@ def test_gpu_per_tensor_batched_and_vmapped():
     close(batched("cublaslt")(qs, ws), batched("reference")(qs, ws))
 
 
+@pytest.mark.verifies("block_scaled_dot.cublaslt")
 @pytest.mark.gpu
 @pytest.mark.gates("hopper", "cublaslt_dot_built")
 def test_gpu_training_step_uses_cublaslt():

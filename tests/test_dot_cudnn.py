@@ -87,6 +87,7 @@ CUDNN_GATES = pytest.mark.gates("blackwell", "cudnn_block_scale", "cudnn_dot_bui
 
 
 @pytest.mark.gpu
+@pytest.mark.verifies("block_scaled_dot.cudnn")
 @CUDNN_GATES
 @pytest.mark.parametrize("fmt", [gx.MXFP8_E4M3, gx.NVFP4], ids=["mxfp8", "nvfp4"])
 @pytest.mark.parametrize("m,n,k", [(256, 512, 1024), (200, 72, 384)], ids=["aligned", "ragged-mn"])
@@ -103,6 +104,7 @@ def test_gpu_matches_reference(fmt, m, n, k, out):
 
 
 @pytest.mark.gpu
+@pytest.mark.verifies("block_scaled_dot.cudnn")
 @CUDNN_GATES
 def test_gpu_batched_mixed_mx():
     lhs = gx.quantize(rand(12, (3, 128, 256)), gx.MXFP8_E4M3)
@@ -115,6 +117,7 @@ def test_gpu_batched_mixed_mx():
 
 
 @pytest.mark.gpu
+@pytest.mark.verifies("block_scaled_dot.cudnn")
 @CUDNN_GATES
 def test_gpu_nvfp4_global_scale_applied_once():
     """Fused (cuDNN >= 9.13) or multiplied afterwards, the global scales must apply exactly once."""
@@ -129,6 +132,7 @@ def test_gpu_nvfp4_global_scale_applied_once():
 
 
 @pytest.mark.gpu
+@pytest.mark.verifies("block_scaled_dot.cudnn")
 @CUDNN_GATES
 def test_gpu_auto_picks_cudnn_on_blackwell():
     lhs = gx.quantize(rand(16, (128, 256)), gx.MXFP8_E4M3)
@@ -147,6 +151,7 @@ def test_probe_rejects_formats_and_names_its_gate():
 
 
 @pytest.mark.gpu
+@pytest.mark.verifies("block_scaled_dot.cudnn")
 @pytest.mark.gates("cudnn_dot_built", "cudnn_block_scale")
 def test_gpu_probe_answers_and_agrees_with_the_backend():
     """The probe never raises on a GPU: it says supported or why not. Where our gates open the

@@ -12,7 +12,7 @@ import jax_gpuext as gx
 from jax_gpuext import formats
 from test_formats import DTYPES, FORMATS, IDS, as_bits, assert_bits_equal, block_shape, random_blocks
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.verifies("formats.cuda")]
 
 
 def test_float4_buffer_layout():

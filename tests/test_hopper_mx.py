@@ -90,6 +90,7 @@ FORMAT_PAIRS = [(MX_E4M3, MX_E4M3), (MX_E5M2, MX_E5M2), (MX_E4M3, MX_E5M2), (NVF
 
 
 @pytest.mark.gpu
+@pytest.mark.verifies("block_scaled_dot.hopper_mx")
 @pytest.mark.gates("hopper")
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("fmts", FORMAT_PAIRS, ids=lambda f: f"{f[0].name}-{f[1].name}")
@@ -111,6 +112,7 @@ def test_matches_float64_reference(shape, fmts):
 
 
 @pytest.mark.gpu
+@pytest.mark.verifies("block_scaled_dot.hopper_mx")
 @pytest.mark.gates("hopper")
 @pytest.mark.parametrize("out_dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
 @pytest.mark.parametrize("config", sorted(hopper_mx.TILE_CONFIGS))
@@ -127,6 +129,7 @@ def test_every_tile_config_and_output_dtype(config, out_dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.verifies("block_scaled_dot.hopper_mx")
 @pytest.mark.gates("hopper")
 def test_non_canonical_layout_and_compiled_hlo_has_our_call():
     # rhs as (K, N) quantized along axis 0: dot.py transposes it into the canonical (N, K).
@@ -145,6 +148,7 @@ def test_non_canonical_layout_and_compiled_hlo_has_our_call():
 
 
 @pytest.mark.gpu
+@pytest.mark.verifies("block_scaled_dot.hopper_mx")
 @pytest.mark.gates("hopper")
 def test_auto_picks_hopper_mx_on_hopper():
     ka, kb = jax.random.split(jax.random.key(5))

@@ -256,6 +256,7 @@ def _compiled_place_lines(f, *args, **jit_kw) -> list[str]:
     return [l for l in text.splitlines() if 'custom_call_target="gpuext_place"' in l]
 
 
+@pytest.mark.verifies("place.custom_call")
 @pytest.mark.gpu
 @needs_memory_spaces
 @pytest.mark.parametrize("space, tag", [(MemorySpace.COLLECTIVE, "S(1)"), (MemorySpace.TEMP, "S(2)")])
@@ -267,6 +268,7 @@ def test_gpu_compiled_hlo_has_memory_space(space, tag):
     np.testing.assert_array_equal(jax.jit(f)(x), x * 2 + 1)
 
 
+@pytest.mark.verifies("place.custom_call")
 @pytest.mark.gpu
 @needs_memory_spaces
 def test_gpu_slice_producer_keeps_collective_space():
@@ -278,6 +280,7 @@ def test_gpu_slice_producer_keeps_collective_space():
     np.testing.assert_array_equal(jax.jit(f)(x, 7), x[7:263])
 
 
+@pytest.mark.verifies("place.custom_call")
 @pytest.mark.gpu
 @needs_memory_spaces
 def test_gpu_place_in_command_buffer():
