@@ -42,8 +42,9 @@ def test_scaled_dot_general(worker, m, k, n, dn, fmt, seed, out_dtype):
         assert lax_accepts or not results, f"accepted dimension numbers that lax.dot_general refuses: {case}"
         if not results:
             return
-        (lc, rc), _ = dn
-        want = np.tensordot(lhs.astype(np.float64), rhs.astype(np.float64), (list(lc), list(rc)))
+        (lc, rc), _ = dn  # lax.dot_general also takes a bare int for one contracting dim
+        lc, rc = (list(np.atleast_1d(lc)), list(np.atleast_1d(rc)))
+        want = np.tensordot(lhs.astype(np.float64), rhs.astype(np.float64), (lc, rc))
         bound = np.tensordot(np.abs(lhs).astype(np.float64), np.abs(rhs).astype(np.float64), (list(lc), list(rc)))
         e = ELEMENT_ERROR[fmt]
         tol = bound * (2 * e + e * e) + np.abs(want) * 2.0**-7 + 1e-6

@@ -43,7 +43,10 @@ def place_call(fmt, shape):
 
 def all_reduce_call(fmt, shape):
     x = _values.make(shape, F32, 4, 0.0, scale_exp=0)
-    attrs = dict(op=np.int32(0), algorithm=np.int32(1), group_size=np.int64(1), site=np.int64(7),
+    # A site far above the per-trace counter jax_gpuext.all_reduce draws from: a mutated call here
+    # (group_size 4 from one device) times out and poisons its site's CPU group, which must not be
+    # one a later all_reduce of the same worker process is given.
+    attrs = dict(op=np.int32(0), algorithm=np.int32(1), group_size=np.int64(1), site=np.int64(1 << 40),
                  workspace_bytes=np.int64(1 << 20), timeout_s=np.float32(2.0))
     return [x, np.zeros((1,), S32), np.zeros((1,), S32)], [(shape, F32)], attrs
 
