@@ -14,6 +14,7 @@ if(NOT _want_cudnn MATCHES "^(AUTO|ON|OFF)$")
   message(FATAL_ERROR "jax-gpuext: JAX_GPUEXT_CUDNN must be AUTO, ON or OFF, not '${JAX_GPUEXT_CUDNN}'")
 endif()
 if(_want_cudnn STREQUAL "OFF")
+  gpuext_part_missing(cudnn_dot OFF "built with JAX_GPUEXT_CUDNN=OFF" "reinstall without JAX_GPUEXT_CUDNN=OFF")
   return()
 endif()
 if(NOT TARGET _cuda)
@@ -36,14 +37,16 @@ find_path(GPUEXT_CUDNN_HEADER_DIR cudnn.h HINTS ${_gpuext_cudnn_hints} NO_DEFAUL
 find_path(GPUEXT_NVRTC_HEADER_DIR nvrtc.h HINTS ${_gpuext_cudnn_hints} NO_DEFAULT_PATH)
 if(NOT (GPUEXT_CUDNN_FRONTEND_DIR AND GPUEXT_CUDNN_HEADER_DIR AND GPUEXT_NVRTC_HEADER_DIR))
   set(_why "cudnn_frontend.h: '${GPUEXT_CUDNN_FRONTEND_DIR}', cudnn.h: '${GPUEXT_CUDNN_HEADER_DIR}', nvrtc.h: '${GPUEXT_NVRTC_HEADER_DIR}'")
-  set(_fix "pip install --no-deps nvidia-cudnn-frontend nvidia-cudnn-cu13 nvidia-cuda-nvrtc in the build environment, or set JAX_GPUEXT_CUDNN_INCLUDE_DIRS")
-  if(_want_cudnn STREQUAL "ON")
-    message(FATAL_ERROR "jax-gpuext: JAX_GPUEXT_CUDNN=ON but headers are missing (${_why}); ${_fix}")
-  endif()
-  message(STATUS "jax-gpuext: building _cuda without the cuDNN block-scaled dot (${_why}); ${_fix}")
+  set(_fix "pip install . adds these headers' wheels to the build by itself where nvcc is found; with "
+           "--no-build-isolation, pip install 'nvidia-cudnn-frontend<1.29' nvidia-cudnn-cu13 nvidia-cuda-nvrtc "
+           "(CUDA 12: nvidia-cudnn-cu12 nvidia-cuda-nvrtc-cu12) into the build environment first, "
+           "or set JAX_GPUEXT_CUDNN_INCLUDE_DIRS")
+  string(CONCAT _fix ${_fix})
+  gpuext_part_missing(cudnn_dot "${_want_cudnn}" "cuDNN headers missing (${_why})" "${_fix}")
   return()
 endif()
 message(STATUS "jax-gpuext: cuDNN block-scaled dot with cudnn-frontend from ${GPUEXT_CUDNN_FRONTEND_DIR}")
+gpuext_part_built(cudnn_dot "cudnn-frontend from ${GPUEXT_CUDNN_FRONTEND_DIR}, cudnn.h from ${GPUEXT_CUDNN_HEADER_DIR}")
 
 # Its own object library: the frontend headers, their include order and the dynamic-loading
 # define stay out of every other _cuda translation unit. Host C++ (g++), never nvcc.
