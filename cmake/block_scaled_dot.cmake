@@ -31,8 +31,8 @@ if(TARGET _cuda)
   else()
     gpuext_part_missing(cublaslt_dot ""
       "no cublasLt.h in JAX_GPUEXT_CUBLASLT_INCLUDE_DIR, the CUDA toolkit or the build environment's nvidia-cublas wheel"
-      "pip install . adds nvidia-cublas to the build by itself where nvcc is found; with --no-build-isolation, "
-      "pip install 'nvidia-cublas>=13.0,<14' (CUDA 12: 'nvidia-cublas-cu12>=12.9,<13') into the build environment "
-      "first, or set JAX_GPUEXT_CUBLASLT_INCLUDE_DIR")
+      "a plain pip install (build isolation on) adds nvidia-cublas to the build by itself when nvcc is found. "
+      "With --no-build-isolation, pip install 'nvidia-cublas>=13.0,<14' (CUDA 12: 'nvidia-cublas-cu12>=12.9,<13') "
+      "into the build environment first, or set JAX_GPUEXT_CUBLASLT_INCLUDE_DIR")
   endif()
 endif()

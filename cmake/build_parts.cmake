@@ -1,7 +1,7 @@
 # Which parts this build has, and why a part is missing (docs/design.md, "Complete builds and the wheel").
 #
 # Each part reports itself once: gpuext_part_built(<part> <detail>) or
-# gpuext_part_missing(<part> <option value> <why> <fix>), where <option value> is the part's own
+# gpuext_part_missing(<part> <option value> <why> <fix>...), where <option value> is the part's own
 # AUTO|ON|OFF switch ("" when it has none). gpuext_check_parts(), at the end of CMakeLists.txt:
 #  - stops the configure, naming every missing part that was required together with its fix: a part
 #    whose own option is ON, or every part not switched OFF when JAX_GPUEXT_CUDA=ON (ON means the
@@ -21,9 +21,10 @@ function(gpuext_part_built part detail)
   set_property(GLOBAL PROPERTY "GPUEXT_PART_${part}" "built" "" "${detail}" "")
 endfunction()
 
-function(gpuext_part_missing part option why fix)
+# The fix may be given as several strings (joined): keep ";" out of them.
+function(gpuext_part_missing part option why)
   string(REPLACE ";" ", " why "${why}")
-  string(REPLACE ";" ", " fix "${fix}")
+  string(CONCAT fix ${ARGN})
   set_property(GLOBAL APPEND PROPERTY GPUEXT_PARTS "${part}")
   set_property(GLOBAL PROPERTY "GPUEXT_PART_${part}" "missing" "${option}" "${why}" "${fix}")
 endfunction()

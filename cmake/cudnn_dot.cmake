@@ -37,12 +37,11 @@ find_path(GPUEXT_CUDNN_HEADER_DIR cudnn.h HINTS ${_gpuext_cudnn_hints} NO_DEFAUL
 find_path(GPUEXT_NVRTC_HEADER_DIR nvrtc.h HINTS ${_gpuext_cudnn_hints} NO_DEFAULT_PATH)
 if(NOT (GPUEXT_CUDNN_FRONTEND_DIR AND GPUEXT_CUDNN_HEADER_DIR AND GPUEXT_NVRTC_HEADER_DIR))
   set(_why "cudnn_frontend.h: '${GPUEXT_CUDNN_FRONTEND_DIR}', cudnn.h: '${GPUEXT_CUDNN_HEADER_DIR}', nvrtc.h: '${GPUEXT_NVRTC_HEADER_DIR}'")
-  set(_fix "pip install . adds these headers' wheels to the build by itself where nvcc is found; with "
-           "--no-build-isolation, pip install 'nvidia-cudnn-frontend<1.29' nvidia-cudnn-cu13 nvidia-cuda-nvrtc "
-           "(CUDA 12: nvidia-cudnn-cu12 nvidia-cuda-nvrtc-cu12) into the build environment first, "
-           "or set JAX_GPUEXT_CUDNN_INCLUDE_DIRS")
-  string(CONCAT _fix ${_fix})
-  gpuext_part_missing(cudnn_dot "${_want_cudnn}" "cuDNN headers missing (${_why})" "${_fix}")
+  gpuext_part_missing(cudnn_dot "${_want_cudnn}" "cuDNN headers missing (${_why})"
+    "a plain pip install (build isolation on) adds these headers' wheels to the build by itself when nvcc is found. "
+    "With --no-build-isolation, pip install 'nvidia-cudnn-frontend<1.29' nvidia-cudnn-cu13 nvidia-cuda-nvrtc "
+    "(CUDA 12: nvidia-cudnn-cu12 nvidia-cuda-nvrtc-cu12) into the build environment first, "
+    "or set JAX_GPUEXT_CUDNN_INCLUDE_DIRS")
   return()
 endif()
 message(STATUS "jax-gpuext: cuDNN block-scaled dot with cudnn-frontend from ${GPUEXT_CUDNN_FRONTEND_DIR}")

@@ -35,7 +35,9 @@ set(_nvshmem_host "${_nvshmem_root}/lib/libnvshmem_host.so.3")
 if(NOT _nvshmem_root OR NOT EXISTS "${_nvshmem_inc}/nvshmem.h" OR NOT EXISTS "${_nvshmem_dev}" OR NOT EXISTS "${_nvshmem_host}")
   set(_why "NVSHMEM not found (looked in '${_nvshmem_root}': need include/nvshmem.h, lib/libnvshmem_device.a, lib/libnvshmem_host.so.3)")
   gpuext_part_missing(nvshmem_allreduce "${_want_nvshmem}" "${_why}"
-    "pip install . adds nvidia-nvshmem-cu13==3.8.0 (CUDA 12: -cu12) to the build by itself where nvcc is found; with --no-build-isolation, pip install it into the build environment first, or set JAX_GPUEXT_NVSHMEM_HOME")
+    "a plain pip install (build isolation on) adds nvidia-nvshmem-cu13==3.8.0 (CUDA 12: -cu12) to the build "
+    "by itself when nvcc is found. With --no-build-isolation, pip install it into the build environment "
+    "first, or set JAX_GPUEXT_NVSHMEM_HOME")
   return()
 endif()
 file(STRINGS "${_nvshmem_inc}/non_abi/nvshmem_version.h" _nv_ver REGEX "define NVSHMEM_VENDOR_(MAJOR|MINOR|PATCH)_VERSION")
