@@ -39,21 +39,7 @@ env -u CUDACXX -u CUDA_PATH PATH="$nonvcc_path" bash -euo pipefail -c '
   .venv-wheel/bin/pip install -q "$2[test]"
   cd /tmp  # no source tree next to the interpreter: only the installed wheel is importable
   "$OLDPWD"/.venv-wheel/bin/jax-gpuext info
-  "$OLDPWD"/.venv-wheel/bin/python -P - <<"PY"
-import glob, os
-import jax_gpuext
-from jax_gpuext import _ext, gates
-assert "site-packages" in jax_gpuext.__file__, jax_gpuext.__file__
-for gate in ("cuda_extension", "cublaslt_dot_built", "cudnn_dot_built"):
-    r = gates.check(gate)
-    assert r.supported, f"the wheel lacks {gate}: {r.reason}"
-assert glob.glob(os.path.join(os.path.dirname(jax_gpuext.__file__), "_nvshmem*.so")), "the wheel lacks _nvshmem"
-parts = _ext.build_parts()
-missing = [p for p in ("cuda_extension", "cublaslt_dot", "cudnn_dot", "nvshmem_allreduce") if not parts.get(p, {}).get("built")]
-assert not missing, f"build_parts.json says not built: {missing}"
-print("wheel: every GPU part built (cuda_extension, cuBLASLt dot, cuDNN dot, _nvshmem)")
-PY
-' _ "$PY" "$PWD/$repaired"
+  "$OLDPWD"/.venv-wheel/bin/python -P "$OLDPWD"/.ci/check_gpu_parts.py' _ "$PY" "$PWD/$repaired"
 
 step "CPU test suite from the installed wheel (no nvcc on PATH)"
 env -u CUDACXX -u CUDA_PATH PATH="$nonvcc_path" .venv-wheel/bin/pytest -q -p no:cacheprovider
