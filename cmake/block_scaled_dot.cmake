@@ -15,15 +15,24 @@ if(TARGET _cuda)
     NO_DEFAULT_PATH)
   if(GPUEXT_CUBLASLT_HEADER_DIR)
     message(STATUS "jax-gpuext: cuBLASLt block-scaled dot with cublasLt.h from ${GPUEXT_CUBLASLT_HEADER_DIR}")
-    target_sources(_cuda PRIVATE
+    set(_gpuext_cublaslt_sources
       csrc/dot/cublaslt_api.cc
       csrc/dot/cublaslt_block_scaled.cc
       ffi/cuda/block_scaled_dot_cublaslt.cc
       ffi/cuda/cublaslt_prepare_binding.cc)
-    # AFTER: the toolkit's own headers (cuda_fp16.h, library_types.h) keep precedence over a wheel's.
-    target_include_directories(_cuda AFTER PRIVATE "${GPUEXT_CUBLASLT_HEADER_DIR}")
+    target_sources(_cuda PRIVATE ${_gpuext_cublaslt_sources})
+    # Only these host files see the header's directory: a wheel's nvidia/cu13/include also holds
+    # what other wheels of the build environment put there (a newer CCCL, nvrtc.h), which must not
+    # shadow the toolkit's own headers in _cuda's nvcc-compiled kernels. (Source-level include
+    # directories come after the target's, so the toolkit's keep precedence here too.)
+    set_source_files_properties(${_gpuext_cublaslt_sources}
+      PROPERTIES INCLUDE_DIRECTORIES "${GPUEXT_CUBLASLT_HEADER_DIR}")
+    gpuext_part_built(cublaslt_dot "cublasLt.h from ${GPUEXT_CUBLASLT_HEADER_DIR}")
   else()
-    message(STATUS "jax-gpuext: no cublasLt.h found; building _cuda without the cuBLASLt block-scaled dot "
-                   "(pip install nvidia-cublas in the build environment, or set JAX_GPUEXT_CUBLASLT_INCLUDE_DIR)")
+    gpuext_part_missing(cublaslt_dot ""
+      "no cublasLt.h in JAX_GPUEXT_CUBLASLT_INCLUDE_DIR, the CUDA toolkit or the build environment's nvidia-cublas wheel"
+      "a plain pip install (build isolation on) adds nvidia-cublas to the build by itself when nvcc is found. "
+      "With --no-build-isolation, pip install 'nvidia-cublas>=13.0,<14' (CUDA 12: 'nvidia-cublas-cu12>=12.9,<13') "
+      "into the build environment first, or set JAX_GPUEXT_CUBLASLT_INCLUDE_DIR")
   endif()
 endif()

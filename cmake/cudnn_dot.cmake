@@ -14,6 +14,7 @@ if(NOT _want_cudnn MATCHES "^(AUTO|ON|OFF)$")
   message(FATAL_ERROR "jax-gpuext: JAX_GPUEXT_CUDNN must be AUTO, ON or OFF, not '${JAX_GPUEXT_CUDNN}'")
 endif()
 if(_want_cudnn STREQUAL "OFF")
+  gpuext_part_missing(cudnn_dot OFF "built with JAX_GPUEXT_CUDNN=OFF" "reinstall without JAX_GPUEXT_CUDNN=OFF")
   return()
 endif()
 if(NOT TARGET _cuda)
@@ -36,29 +37,29 @@ find_path(GPUEXT_CUDNN_HEADER_DIR cudnn.h HINTS ${_gpuext_cudnn_hints} NO_DEFAUL
 find_path(GPUEXT_NVRTC_HEADER_DIR nvrtc.h HINTS ${_gpuext_cudnn_hints} NO_DEFAULT_PATH)
 set(_why "")
 if(NOT (GPUEXT_CUDNN_FRONTEND_DIR AND GPUEXT_CUDNN_HEADER_DIR AND GPUEXT_NVRTC_HEADER_DIR))
-  set(_why "headers are missing (cudnn_frontend.h: '${GPUEXT_CUDNN_FRONTEND_DIR}', cudnn.h: '${GPUEXT_CUDNN_HEADER_DIR}', nvrtc.h: '${GPUEXT_NVRTC_HEADER_DIR}')")
-  set(_fix "pip install --no-deps nvidia-cudnn-frontend nvidia-cudnn-cu13 nvidia-cuda-nvrtc in the build environment, or set JAX_GPUEXT_CUDNN_INCLUDE_DIRS")
-else()
-  # The per-axis block size vector (set_block_size({1, block}) / ({block, 1}), as NVIDIA's samples
-  # pass it) first appears in cudnn-frontend 1.13: older headers count as missing.
-  file(STRINGS "${GPUEXT_CUDNN_FRONTEND_DIR}/cudnn_frontend_version.h" _gpuext_fe_version
-       REGEX "#define CUDNN_FRONTEND_(MAJOR|MINOR)_VERSION [0-9]+")
-  string(REGEX REPLACE ".*MAJOR_VERSION ([0-9]+).*" "\\1" _gpuext_fe_major "${_gpuext_fe_version}")
-  string(REGEX REPLACE ".*MINOR_VERSION ([0-9]+).*" "\\1" _gpuext_fe_minor "${_gpuext_fe_version}")
-  if(NOT _gpuext_fe_major MATCHES "^[0-9]+$" OR NOT _gpuext_fe_minor MATCHES "^[0-9]+$"
-     OR "${_gpuext_fe_major}.${_gpuext_fe_minor}" VERSION_LESS 1.13)
-    set(_why "cudnn-frontend ${_gpuext_fe_major}.${_gpuext_fe_minor} in ${GPUEXT_CUDNN_FRONTEND_DIR} is older than 1.13")
-    set(_fix "pip install --no-deps 'nvidia-cudnn-frontend>=1.13' in the build environment")
-  endif()
+  set(_why "cudnn_frontend.h: '${GPUEXT_CUDNN_FRONTEND_DIR}', cudnn.h: '${GPUEXT_CUDNN_HEADER_DIR}', nvrtc.h: '${GPUEXT_NVRTC_HEADER_DIR}'")
+  gpuext_part_missing(cudnn_dot "${_want_cudnn}" "cuDNN headers missing (${_why})"
+    "a plain pip install (build isolation on) adds these headers' wheels to the build by itself when nvcc is found. "
+    "With --no-build-isolation, pip install 'nvidia-cudnn-frontend>=1.13,<1.29' nvidia-cudnn-cu13 nvidia-cuda-nvrtc "
+    "(CUDA 12: nvidia-cudnn-cu12 nvidia-cuda-nvrtc-cu12) into the build environment first, "
+    "or set JAX_GPUEXT_CUDNN_INCLUDE_DIRS")
+  return()
 endif()
-if(_why)
-  if(_want_cudnn STREQUAL "ON")
-    message(FATAL_ERROR "jax-gpuext: JAX_GPUEXT_CUDNN=ON but ${_why}; ${_fix}")
-  endif()
-  message(STATUS "jax-gpuext: building _cuda without the cuDNN block-scaled dot (${_why}); ${_fix}")
+# The per-axis block size vector (set_block_size({1, block}) / ({block, 1}), as NVIDIA's samples
+# pass it) first appears in cudnn-frontend 1.13: older headers count as missing.
+file(STRINGS "${GPUEXT_CUDNN_FRONTEND_DIR}/cudnn_frontend_version.h" _gpuext_fe_version
+     REGEX "#define CUDNN_FRONTEND_(MAJOR|MINOR)_VERSION [0-9]+")
+string(REGEX REPLACE ".*MAJOR_VERSION ([0-9]+).*" "\\1" _gpuext_fe_major "${_gpuext_fe_version}")
+string(REGEX REPLACE ".*MINOR_VERSION ([0-9]+).*" "\\1" _gpuext_fe_minor "${_gpuext_fe_version}")
+if(NOT _gpuext_fe_major MATCHES "^[0-9]+$" OR NOT _gpuext_fe_minor MATCHES "^[0-9]+$"
+   OR "${_gpuext_fe_major}.${_gpuext_fe_minor}" VERSION_LESS 1.13)
+  gpuext_part_missing(cudnn_dot "${_want_cudnn}"
+    "cudnn-frontend ${_gpuext_fe_major}.${_gpuext_fe_minor} in ${GPUEXT_CUDNN_FRONTEND_DIR} is older than 1.13"
+    "pip install --no-deps 'nvidia-cudnn-frontend>=1.13,<1.29' in the build environment")
   return()
 endif()
 message(STATUS "jax-gpuext: cuDNN block-scaled dot with cudnn-frontend ${_gpuext_fe_major}.${_gpuext_fe_minor} from ${GPUEXT_CUDNN_FRONTEND_DIR}")
+gpuext_part_built(cudnn_dot "cudnn-frontend ${_gpuext_fe_major}.${_gpuext_fe_minor} from ${GPUEXT_CUDNN_FRONTEND_DIR}, cudnn.h from ${GPUEXT_CUDNN_HEADER_DIR}")
 
 # Its own object library: the frontend headers, their include order and the dynamic-loading
 # define stay out of every other _cuda translation unit. Host C++ (g++), never nvcc.

@@ -9,6 +9,7 @@ if(NOT _want_nvshmem MATCHES "^(AUTO|ON|OFF)$")
   message(FATAL_ERROR "jax-gpuext: JAX_GPUEXT_NVSHMEM must be AUTO, ON or OFF, not '${JAX_GPUEXT_NVSHMEM}'")
 endif()
 if(_want_nvshmem STREQUAL "OFF")
+  gpuext_part_missing(nvshmem_allreduce OFF "built with JAX_GPUEXT_NVSHMEM=OFF" "reinstall without JAX_GPUEXT_NVSHMEM=OFF")
   return()
 endif()
 if(NOT GPUEXT_BUILD_CUDA)
@@ -33,11 +34,10 @@ set(_nvshmem_dev "${_nvshmem_root}/lib/libnvshmem_device.a")
 set(_nvshmem_host "${_nvshmem_root}/lib/libnvshmem_host.so.3")
 if(NOT _nvshmem_root OR NOT EXISTS "${_nvshmem_inc}/nvshmem.h" OR NOT EXISTS "${_nvshmem_dev}" OR NOT EXISTS "${_nvshmem_host}")
   set(_why "NVSHMEM not found (looked in '${_nvshmem_root}': need include/nvshmem.h, lib/libnvshmem_device.a, lib/libnvshmem_host.so.3)")
-  if(_want_nvshmem STREQUAL "ON")
-    message(FATAL_ERROR "jax-gpuext: JAX_GPUEXT_NVSHMEM=ON but ${_why}. pip install nvidia-nvshmem-cu13 "
-                        "into the build environment, set JAX_GPUEXT_NVSHMEM_HOME, or JAX_GPUEXT_NVSHMEM=OFF.")
-  endif()
-  message(STATUS "jax-gpuext: ${_why}; building without the NVSHMEM all-reduce (JAX_GPUEXT_NVSHMEM=ON makes this an error)")
+  gpuext_part_missing(nvshmem_allreduce "${_want_nvshmem}" "${_why}"
+    "a plain pip install (build isolation on) adds nvidia-nvshmem-cu13==3.8.0 (CUDA 12: -cu12) to the build "
+    "by itself when nvcc is found. With --no-build-isolation, pip install it into the build environment "
+    "first, or set JAX_GPUEXT_NVSHMEM_HOME")
   return()
 endif()
 file(STRINGS "${_nvshmem_inc}/non_abi/nvshmem_version.h" _nv_ver REGEX "define NVSHMEM_VENDOR_(MAJOR|MINOR|PATCH)_VERSION")
@@ -72,3 +72,4 @@ set_target_properties(_nvshmem PROPERTIES INSTALL_RPATH "$ORIGIN/../nvidia/nvshm
 target_compile_definitions(_nvshmem PRIVATE GPUEXT_NVSHMEM_VERSION_STRING="${_nvshmem_version}")
 target_link_options(_nvshmem PRIVATE "-Wl,--version-script=${JAX_GPUEXT_EXPORTS}")
 install(TARGETS _nvshmem LIBRARY DESTINATION jax_gpuext)
+gpuext_part_built(nvshmem_allreduce "_nvshmem against NVSHMEM ${_nvshmem_version} from ${_nvshmem_root}")

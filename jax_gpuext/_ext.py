@@ -27,7 +27,7 @@ def load(kind: str):
         return importlib.import_module(f"jax_gpuext._{kind}"), None
     except ImportError as e:  # not built, or a shared library it needs is missing
         if kind == "cuda" and "No module named" in str(e):
-            return None, ("jax_gpuext._cuda was not built (no CUDA compiler when the package "
+            return None, missing_part_reason("cuda_extension") or ("jax_gpuext._cuda was not built (no CUDA compiler when the package "
                           "was installed; reinstall with nvcc on PATH or JAX_GPUEXT_CUDA=ON)")
         return None, f"jax_gpuext._{kind} failed to import: {e}"
 
@@ -39,6 +39,28 @@ def module(kind: str):
 def parse_fingerprints(text: str) -> dict[str, str]:
     """The modules' "component=fingerprint,..." (cmake/source_fingerprints.cmake) as a dict."""
     return dict(item.split("=", 1) for item in text.split(",") if "=" in item)
+
+
+@functools.cache
+def build_parts() -> dict:
+    """What the build recorded about each part (cmake/build_parts.cmake): ``{part: {"built": bool,
+    "detail"|"why"+"fix": str}}`` for cuda_extension, cublaslt_dot, cudnn_dot, nvshmem_allreduce;
+    {} for a build without the record."""
+    import json
+    from importlib import resources
+
+    try:
+        return json.loads(resources.files("jax_gpuext").joinpath("build_parts.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def missing_part_reason(part: str) -> str | None:
+    """"not built: <why>; to get it: <fix>" for a part the build left out, else None."""
+    rec = build_parts().get(part)
+    if not rec or rec.get("built"):
+        return None
+    return f"not built: {rec['why']}; to get it: {rec['fix']}"
 
 
 def build_info(kind: str) -> dict | None:

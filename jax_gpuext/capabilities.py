@@ -56,6 +56,7 @@ def capabilities() -> dict:
         "jaxlib": jaxlib.__version__,
         "jaxlib_ffi_api": None if minor is None else f"0.{minor}",
         "extensions": {kind: (_ext.build_info(kind) or {"error": _ext.load(kind)[1]}) for kind in ("cpu", "cuda")},
+        "build_parts": _ext.build_parts(),
         "devices": _devices(),
         "cuda_driver": None if dv is None else f"{dv // 1000}.{dv % 1000 // 10}",
         "libraries": {key: _library(key) for key in _libs.LIBRARIES},
@@ -83,6 +84,9 @@ def format_table(report: dict) -> str:
             if kind == "cuda":
                 desc += f", CUDA {info['cuda_version']}, archs {info['architectures']}"
             rows.append((f"extension _{kind}", desc))
+    for part, rec in report.get("build_parts", {}).items():
+        rows.append((f"part {part}", "built: " + rec["detail"] if rec["built"] else
+                     f"NOT BUILT: {rec['why']}; to get it: {rec['fix']}"))
     for d in report["devices"]:
         desc = d["kind"]
         if "compute_capability" in d:

@@ -24,7 +24,7 @@ import logging
 import os
 import threading
 
-from jax_gpuext import _libs
+from jax_gpuext import _ext, _libs
 from jax_gpuext.errors import UnsupportedError
 
 logger = logging.getLogger("jax_gpuext")
@@ -68,7 +68,7 @@ def load_module():
         mod = importlib.import_module("jax_gpuext._nvshmem")
     except ImportError as e:
         if "No module named" in str(e):
-            return None, ("jax_gpuext._nvshmem was not built (NVSHMEM headers not found at build time: "
+            return None, _ext.missing_part_reason("nvshmem_allreduce") or ("jax_gpuext._nvshmem was not built (NVSHMEM headers not found at build time: "
                           "install nvidia-nvshmem-cu13 in the build environment, JAX_GPUEXT_NVSHMEM=ON)")
         return None, f"jax_gpuext._nvshmem failed to import: {e}"
     # Our libnvshmem_device.a copy needs a host library of the same major and no older minor.

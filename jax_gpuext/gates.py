@@ -356,18 +356,19 @@ def _nvshmem():
 
 
 # --------------------------------------------------------------------------- block-scaled dot (issue 4)
-def _cuda_target_built(target: str, missing: str) -> GateResult:
+def _cuda_target_built(target: str, part: str, missing: str) -> GateResult:
     mod = _ext.module("cuda")
     if mod is None:
         return GateResult(False, "no CUDA extension")
     ok = target in mod.registrations()
-    return GateResult(ok, f"_cuda has {target}" if ok else missing)
+    # The build's own record (build_parts.json) says why a part is missing and how to get it.
+    return GateResult(ok, f"_cuda has {target}" if ok else (_ext.missing_part_reason(part) or missing))
 
 
 @_gate("cublaslt_dot_built", "build", "_cuda built with cublasLt.h",
        "the cuBLASLt block-scaled dot handler is compiled only where cublasLt.h was found at build time")
 def _cublaslt_dot_built():
-    return _cuda_target_built("gpuext_block_scaled_dot_cublaslt",
+    return _cuda_target_built("gpuext_block_scaled_dot_cublaslt", "cublaslt_dot",
                               "built without cublasLt.h (pip install nvidia-cublas in the build env, or set "
                               "JAX_GPUEXT_CUBLASLT_INCLUDE_DIR)")
 
@@ -375,7 +376,7 @@ def _cublaslt_dot_built():
 @_gate("cudnn_dot_built", "build", "_cuda built with JAX_GPUEXT_CUDNN on",
        "the cuDNN block-scaled dot needs the cudnn-frontend headers at build time (JAX_GPUEXT_CUDNN=AUTO|ON)")
 def _cudnn_dot_built():
-    return _cuda_target_built("gpuext_block_scaled_dot_cudnn",
+    return _cuda_target_built("gpuext_block_scaled_dot_cudnn", "cudnn_dot",
                               "built without the cuDNN backend (JAX_GPUEXT_CUDNN=OFF, or AUTO found no "
                               "cudnn-frontend headers)")
 

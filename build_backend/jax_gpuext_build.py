@@ -1,0 +1,140 @@
+"""PEP 517 backend: scikit-build-core, plus the GPU parts' build inputs when a CUDA compiler exists.
+
+The complete CUDA build (docs/design.md, "Complete builds and the wheel") needs headers that a CUDA
+toolkit may lack: cublasLt.h (cuBLASLt dot), cudnn-frontend + cudnn.h + nvrtc.h (cuDNN dot), and
+NVSHMEM's headers + libnvshmem_device.a (_nvshmem). NVIDIA ships them in pip wheels, so they are
+build requirements: but only for a build that compiles CUDA, and only of the CUDA major version of
+the compiler that will be used (cu12 and cu13 wheels differ). Static `build-system.requires` cannot
+say that; `get_requires_for_build_wheel` can. Everything else is scikit-build-core unchanged.
+
+Nothing here is needed at run time: the package never links these libraries (it dlopens the ones
+the `cuda12` / `cuda13` extras install) and the wheels stay in pip's temporary build environment.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+from scikit_build_core.build import (  # noqa: F401  (re-exported PEP 517 hooks)
+    build_editable,
+    build_sdist,
+    build_wheel,
+    get_requires_for_build_sdist,
+    prepare_metadata_for_build_editable,
+    prepare_metadata_for_build_wheel,
+)
+from scikit_build_core.build import get_requires_for_build_editable as _skbuild_requires_editable
+from scikit_build_core.build import get_requires_for_build_wheel as _skbuild_requires_wheel
+
+# Per CUDA major version: part -> requirements. Versions (docs/design.md, same section):
+# - cublas >= 12.9 on cu12: csrc/dot/cublaslt_block_scaled.cc uses the 12.9 blockwise-FP8 scale modes.
+# - nvshmem pinned: _nvshmem refuses a host library with an older minor than it was built against
+#   (jax_gpuext/distributed.py), so the build uses a fixed, tested version rather than the newest.
+# - cudnn-frontend < 1.29: from 1.29 its wheel requires nvidia-cutlass-dsl, cuda-bindings and more
+#   (hundreds of MB for its Python DSL); we only need its headers, identical in kind in 1.28.
+_FRONTEND = "nvidia-cudnn-frontend>=1.13,<1.29"
+_WHEELS = {
+    12: {
+        "cublaslt": ["nvidia-cublas-cu12>=12.9,<13"],
+        "cudnn": [_FRONTEND, "nvidia-cudnn-cu12>=9.7,<10"],
+        "nvrtc": ["nvidia-cuda-nvrtc-cu12>=12.8,<13"],
+        "nvshmem": ["nvidia-nvshmem-cu12==3.8.0"],
+    },
+    13: {
+        "cublaslt": ["nvidia-cublas>=13.0,<14"],
+        "cudnn": [_FRONTEND, "nvidia-cudnn-cu13>=9.12,<10"],
+        "nvrtc": ["nvidia-cuda-nvrtc>=13.0,<14"],
+        "nvshmem": ["nvidia-nvshmem-cu13==3.8.0"],
+    },
+}
+
+
+def _log(msg: str) -> None:
+    # pip shows a backend's output with -v (or when the build fails).
+    print(f"jax-gpuext build: {msg}", file=sys.stderr, flush=True)
+
+
+def _setting(config_settings: dict | None, name: str, default: str = "") -> str:
+    """A CMake option as scikit-build-core will see it: -C cmake.define.NAME, else the environment."""
+    value = (config_settings or {}).get(f"cmake.define.{name}")
+    if value is None:
+        value = os.environ.get(name, default)
+    return str(value).strip()
+
+
+def find_cuda_compiler(config_settings: dict | None = None) -> str | None:
+    """The nvcc CMake's check_language(CUDA) would pick: CMAKE_CUDA_COMPILER, CUDACXX, PATH, CUDA_PATH."""
+    for candidate in (_setting(config_settings, "CMAKE_CUDA_COMPILER"), os.environ.get("CUDACXX", "")):
+        if candidate:
+            return shutil.which(candidate) or (candidate if os.path.isfile(candidate) else None)
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    cuda_path = os.environ.get("CUDA_PATH", "")
+    nvcc = os.path.join(cuda_path, "bin", "nvcc")
+    return nvcc if cuda_path and os.access(nvcc, os.X_OK) else None
+
+
+def cuda_version(nvcc: str) -> tuple[int, int] | None:
+    try:
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=120).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"release (\d+)\.(\d+)", out)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def toolkit_include_dirs(nvcc: str) -> list[str]:
+    """The include directories nvcc itself uses (asked with --dryrun: nvcc may be a wrapper script)."""
+    try:
+        out = subprocess.run([nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+                             capture_output=True, text=True, timeout=120).stderr
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return re.findall(r'-I"?([^"\s]+)', "".join(l for l in out.splitlines() if "INCLUDES=" in l))
+
+
+def _toolkit_has(include_dirs: list[str], header: str) -> bool:
+    return any(os.path.isfile(os.path.join(d, header)) for d in include_dirs)
+
+
+def gpu_build_requires(config_settings: dict | None = None) -> list[str]:
+    """The header/library wheels the complete CUDA build needs here, or [] for a CPU-only build."""
+    if _setting(config_settings, "JAX_GPUEXT_CUDA", "AUTO").upper() == "OFF":
+        return []
+    nvcc = find_cuda_compiler(config_settings)
+    if nvcc is None:
+        return []  # CMake builds the CPU extension only (AUTO) or stops with the fix (ON)
+    version = cuda_version(nvcc)
+    wheels = _WHEELS.get(version[0]) if version else None
+    if wheels is None:
+        _log(f"{nvcc} reports CUDA {version}; header wheels exist for CUDA 12 and 13 only, so the "
+             "cuBLASLt/cuDNN/NVSHMEM parts need their headers found by CMake (see its messages)")
+        return []
+    toolkit = toolkit_include_dirs(nvcc)
+    wanted = []
+    if not _setting(config_settings, "JAX_GPUEXT_CUBLASLT_INCLUDE_DIR") and not _toolkit_has(toolkit, "cublasLt.h"):
+        wanted.append("cublaslt")
+    cudnn = _setting(config_settings, "JAX_GPUEXT_CUDNN", "AUTO").upper()
+    if cudnn != "OFF" and not _setting(config_settings, "JAX_GPUEXT_CUDNN_INCLUDE_DIRS"):
+        wanted.append("cudnn")
+        if not _toolkit_has(toolkit, "nvrtc.h"):
+            wanted.append("nvrtc")
+    nvshmem = _setting(config_settings, "JAX_GPUEXT_NVSHMEM", "AUTO").upper()
+    if nvshmem != "OFF" and not _setting(config_settings, "JAX_GPUEXT_NVSHMEM_HOME"):
+        wanted.append("nvshmem")
+    requires = [r for part in wanted for r in wheels[part]]
+    _log(f"CUDA {version[0]}.{version[1]} compiler {nvcc}: build requirements for {', '.join(wanted) or 'nothing'}")
+    return requires
+
+
+def get_requires_for_build_wheel(config_settings=None):
+    return [*_skbuild_requires_wheel(config_settings), *gpu_build_requires(config_settings)]
+
+
+def get_requires_for_build_editable(config_settings=None):
+    return [*_skbuild_requires_editable(config_settings), *gpu_build_requires(config_settings)]
