@@ -71,7 +71,7 @@ struct Quantize {
   const T* x = static_cast<const T*>(a.x);
 
   BlockScale Scale(uint32_t amax, int64_t o) const {
-    return ComputeBlockScale(Fmt::kFormat, a.scale_rounding, amax, GlobalBits(a.geo, a.global_scale, o));
+    return BlockScaleOf<Fmt>(amax, a.scale_rounding, GlobalBits(a.geo, a.global_scale, o));
   }
 
   // n contiguous elements from e0 sharing the block scale s.

@@ -150,6 +150,37 @@ struct Fp8Scaled {  // FP8 blockwise 1x128 / 128x128 and per-tensor: E4M3 with a
   static bool IsInf(int32_t) { return false; }
 };
 
+inline bool NormalF32(uint32_t b) { return b >= 0x00800000u && b < kF32Inf; }
+
+// ComputeBlockScale by float arithmetic where each operation's operands and result are normal
+// fp32 (so IEEE RN is the rules' unbounded-exponent RN, FTZ or not); anything else (zero,
+// subnormal or special amax, extreme global scales) takes ComputeBlockScale itself. The scalar
+// rules cost ~10x more than the block's elements for NVFP4's 16-blocks.
+template <class Fmt>
+inline BlockScale BlockScaleOf(uint32_t amax, int32_t rounding, uint32_t g) {
+  if (Fmt::kFormat == kNvfp4 && NormalF32(amax) && !GlobalScaleInvalid(g)) {
+    const uint32_t six_g = AsBits(6.0f * AsFloat(g));
+    const float q = AsFloat(amax) / AsFloat(six_g);
+    const uint32_t qb = AsBits(q);
+    if (NormalF32(six_g) && NormalF32(qb)) {
+      int32_t code;  // the E4M3 scale, rounded up (ceil on the E4M3 grid), saturating
+      if (qb >= uint32_t(E4M3::kMinNormalBits)) {
+        code = int32_t((qb + 0xFFFFFu) >> 20) - E4M3::kRebias;
+        code = code < 0x7E ? code : 0x7E;
+      } else {
+        const float t = q * 512.0f;  // subnormal steps of 2^-9; exact, t in (0, 8)
+        code = int32_t(t) + (float(int32_t(t)) != t ? 1 : 0);
+      }
+      const uint32_t eff = AsBits(AsFloat(uint32_t(MagnitudeToF32<E4M3>(code))) * AsFloat(g));
+      if (NormalF32(eff)) return BlockScale{uint32_t(code), false, int32_t(eff >> 23) - 127, (eff & 0x7FFFFFu) | 0x800000u};
+    }
+  } else if (!Fmt::kPow2 && Fmt::kFormat != kNvfp4 && NormalF32(amax)) {
+    const uint32_t q = AsBits(AsFloat(amax) / 448.0f);  // FP8 blockwise / per-tensor: RN(amax / 448)
+    if (q >= 0x00800000u) return BlockScale{q, false, int32_t(q >> 23) - 127, (q & 0x7FFFFFu) | 0x800000u};
+  }
+  return ComputeBlockScale(Fmt::kFormat, rounding, amax, g);
+}
+
 // Smallest block-scale exponent for which the fast quantize path is exact: below it an fp32
 // subnormal input could scale to a non-zero code, which DAZ would lose.
 template <class Fmt>
@@ -190,11 +221,12 @@ inline bool DequantFastScale(uint32_t scale, uint32_t g, float* m0, float* m1) {
   }
   if (Fmt::kFormat == kNvfp4) {
     if ((scale & 0x7Fu) == E4M3Format().nan_code || GlobalScaleInvalid(g)) return false;
-    const Unpacked s = Decode(scale & 0x7Fu, E4M3Format());
+    const uint32_t sfield = (scale >> 3) & 0xFu;
+    const int32_t sk = sfield == 0 ? -9 : int32_t(sfield) - 7;  // a lower bound for subnormal codes
     *m0 = AsFloat(uint32_t(MagnitudeToF32<E4M3>(int32_t(scale & 0x7Fu))));  // sign ignored, as the rules
     *m1 = AsFloat(g);
     const int32_t gk = int32_t((g >> 23) & 0xFFu) - 127;
-    return s.m == 0 || s.k + gk + min_elem_k >= kMinNormalExp;
+    return (scale & 0x7Fu) == 0 || sk + gk + min_elem_k >= kMinNormalExp;
   }
   const uint32_t a = scale & kF32AbsMask;
   const int32_t k = int32_t(a >> 23) - 127;
