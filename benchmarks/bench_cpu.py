@@ -9,7 +9,9 @@ as ratios against baselines measured in this process and run:
 
     python benchmarks/bench_cpu.py [--quick] [--out FILE.json] [--iters N]
 
-Prints markdown tables; never fails on a timing (the targets are read off the table). ``--quick``
+"fastest here" names the faster of the two exact CPU paths in this run: it should be what `auto`
+picks (the recorded decision in docs/design.md, "CPU speed (issue 18)"). Prints markdown tables;
+never fails on a timing (the targets are read off the table). ``--quick``
 (CI) uses 1024 x 1024 and fewer runs so it ends in well under a minute.
 """
 
@@ -82,7 +84,8 @@ def quantize_rows(x, iters: int):
         q = gx.quantize(x, fmt, **kw)
         t_deq = {name: _time(jax.jit(lambda v, b=name: gx.dequantize(v, jnp.bfloat16, backend=b)), q, iters=iters)
                  for name in ("auto", "reference")}
-        rows.append({"format": fmt.name, "auto_backend": chosen, "xla_x2_ms": xla_pass * 1e3,
+        fastest = min(("cpu", "reference"), key=lambda b: t[b])
+        rows.append({"format": fmt.name, "auto_backend": chosen, "fastest_exact": fastest, "xla_x2_ms": xla_pass * 1e3,
                      "auto_ms": t["auto"] * 1e3, "cpu_ms": t["cpu"] * 1e3, "reference_ms": t["reference"] * 1e3,
                      "jax_nn_ms": None if t_nn is None else t_nn * 1e3,
                      "auto_vs_xla_pass": xla_pass / t["auto"], "reference_vs_xla_pass": xla_pass / t["reference"],
@@ -123,11 +126,11 @@ def _print_tables(n, qrows, trows):
 
     print(f"\n### quantize / dequantize, bf16 [{n}, {n}], jax {jax.__version__}, "
           f"{os.cpu_count()} CPUs (ratio = time of `x * 2` / time; >= 0.5x is the target)\n")
-    print("| format | auto picks | `x * 2` ms | auto ms | ratio | cpu ms | reference ms | ratio | jax.nn ms "
+    print("| format | auto picks | fastest here | `x * 2` ms | auto ms | ratio | cpu ms | reference ms | ratio | jax.nn ms "
           "| dequantize auto ms | ratio |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in qrows:
-        print(f"| {r['format']} | {r['auto_backend']} | {r['xla_x2_ms']:.2f} | {r['auto_ms']:.2f} | "
+        print(f"| {r['format']} | {r['auto_backend']} | {r['fastest_exact']} | {r['xla_x2_ms']:.2f} | {r['auto_ms']:.2f} | "
               f"{r['auto_vs_xla_pass']:.2f}x | {r['cpu_ms']:.2f} | {r['reference_ms']:.2f} | "
               f"{r['reference_vs_xla_pass']:.2f}x | "
               f"{'-' if r['jax_nn_ms'] is None else format(r['jax_nn_ms'], '.2f')} | "
