@@ -450,14 +450,14 @@ def recipe(format=None, grad_format=None) -> _Recipe:
     return _Recipe(lf, rf, g, lb, rb)
 
 
-def _quantize(x, fmt):
-    """Quantizes canonical ``x (B, X, K)`` along K (FP8_128x128: over (X, K)).
+def _quantize(x, fmt, axis=-1):
+    """Quantizes canonical ``x (B, X, K)`` along K (FP8_128x128: over (X, K)), or along ``axis``.
 
     formats.quantize takes float32/bfloat16/float16 and handles partial blocks itself.
     """
     if x.dtype == jnp.float64:
         x = x.astype(jnp.float32)
-    return formats.quantize(x, fmt, axis=-1)
+    return formats.quantize(x, fmt, axis=axis)
 
 
 def _canonical_scaled(a, b, fa, fb, out_dtype, backend):
@@ -476,15 +476,26 @@ def _scaled_fwd(a, b, rec, out_dtype, backend):
     return _canonical_scaled(a, b, rec.lhs, rec.rhs, out_dtype, backend), (a, b)
 
 
+def _quantize_along_rows(x, fmt):
+    """Quantizes canonical ``x (B, R, C)`` along R, where the backward contracts it: blocks along
+    axis -2 in place (the CPU handler's strided path, CUDA's strided kernel) rather than a
+    transposed copy quantized along its last axis, which costs a read and a write of x more. The
+    blocks, hence the values, are the same. FP8_128x128 tiles and FP8_TENSOR's one scale do not
+    depend on the axis."""
+    f = format_info(fmt)
+    return _quantize(x, fmt, axis=-1 if (f.two_d or f.per_tensor) else -2)
+
+
 def _scaled_bwd(rec, out_dtype, backend, res, g):
     a, b = res  # a (B, M, K), b (B, N, K), g (B, M, N)
     gdt = jnp.promote_types(g.dtype, jnp.float32)
     g = g.astype(gdt)
-    # dA[b,m,k] = sum_n g[b,m,n] b[b,n,k]: contract N, so g is quantized along N and b^T along N.
-    da = _canonical_scaled(g, jnp.swapaxes(b, 1, 2), rec.grad, rec.rhs_bwd, jnp.float32, backend)
-    # dB[b,n,k] = sum_m g[b,m,n] a[b,m,k]: contract M.
-    db = _canonical_scaled(jnp.swapaxes(g, 1, 2), jnp.swapaxes(a, 1, 2), rec.grad, rec.lhs_bwd,
-                           jnp.float32, backend)
+    # dA[b,m,k] = sum_n g[b,m,n] b[b,n,k]: contract N, so g is quantized along N and b along N.
+    da = block_scaled_dot(_quantize(g, rec.grad), _quantize_along_rows(b, rec.rhs_bwd),
+                          (((2,), (1,)), ((0,), (0,))), preferred_element_type=jnp.float32, backend=backend)
+    # dB[b,n,k] = sum_m g[b,m,n] a[b,m,k]: contract M, so g and a are quantized along M.
+    db = block_scaled_dot(_quantize_along_rows(g, rec.grad), _quantize_along_rows(a, rec.lhs_bwd),
+                          (((1,), (1,)), ((0,), (0,))), preferred_element_type=jnp.float32, backend=backend)
     return da.astype(a.dtype), db.astype(b.dtype)
 
 

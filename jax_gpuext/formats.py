@@ -345,15 +345,21 @@ backends.register(QUANTIZE_OP, backends.Backend(
     "cuda", ("cuda",), ("cuda_extension", "cuda_device"),
     "CUDA kernels (gpuext_quantize): one pass for block formats, amax + rounding for FP8_TENSOR",
     _handler_supports("cuda")))
+# CPU order = a recorded measurement, not an assumption: benchmarks/bench_cpu.py times both exact
+# paths in one process and prints which is faster (docs/design.md "CPU speed (issue 18)").
+_CPU_MEASURED = ("measured faster than the jnp reference for every format (vectorised, threaded; "
+                 "benchmarks/bench_cpu.py, docs/design.md 'CPU speed')")
 backends.register(QUANTIZE_OP, backends.Backend(
-    "cpu", ("cpu",), ("cpu_extension",), "C++ CPU handler (gpuext_quantize)", _handler_supports("cpu")))
+    "cpu", ("cpu",), ("cpu_extension",), f"C++ CPU handler (gpuext_quantize), {_CPU_MEASURED}",
+    _handler_supports("cpu")))
 backends.register(QUANTIZE_OP, backends.Backend(
     "reference", ("cpu", "cuda"), (), "pure-jnp reference on bit patterns"))
 backends.register(DEQUANTIZE_OP, backends.Backend(
     "cuda", ("cuda",), ("cuda_extension", "cuda_device"),
     "CUDA kernel (gpuext_dequantize), 8 elements per thread where rows allow", _handler_supports("cuda")))
 backends.register(DEQUANTIZE_OP, backends.Backend(
-    "cpu", ("cpu",), ("cpu_extension",), "C++ CPU handler (gpuext_dequantize)", _handler_supports("cpu")))
+    "cpu", ("cpu",), ("cpu_extension",), f"C++ CPU handler (gpuext_dequantize), {_CPU_MEASURED}",
+    _handler_supports("cpu")))
 backends.register(DEQUANTIZE_OP, backends.Backend(
     "reference", ("cpu", "cuda"), (), "pure-jnp reference on bit patterns"))
 

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "csrc/common/parallel.h"
 #include "csrc/common/status.h"
 #include "csrc/formats/block_scaled_math.h"
 
@@ -52,7 +53,8 @@ struct DequantizeArgs {
   void* y = nullptr;
 };
 
-Status QuantizeCpu(const QuantizeArgs& args);
-Status DequantizeCpu(const DequantizeArgs& args);
+// CPU: large arrays are split across `runner`'s threads (none: the calling thread only).
+Status QuantizeCpu(const QuantizeArgs& args, const TaskRunner* runner = nullptr);
+Status DequantizeCpu(const DequantizeArgs& args, const TaskRunner* runner = nullptr);
 
 }  // namespace gpuext::formats

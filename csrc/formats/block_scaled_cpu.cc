@@ -1,100 +1,368 @@
-// CPU quantize / dequantize: plain loops over blocks, the rules from block_scaled_math.h.
-// Exact under XLA's FTZ/DAZ MXCSR: no float arithmetic ever sees a subnormal.
+// CPU quantize / dequantize. One template instance per (block format, input or output type):
+// the per-element work (block_scaled_cpu_kernels.h) has no switch, and its loops run over
+// contiguous memory so the compiler vectorises them. Three layouts:
+//  - runs:    blocks contiguous in memory (quantized axis last, FP8_TENSOR, rows of a 128x128 tile),
+//  - strided: blocks along a non-last axis; a run of columns is processed at once, one scale per lane,
+//  - tiles:   FP8_128x128, a row of tiles at a time (amax over the tile, then runs per tile row).
+// Work is split across the caller's thread pool by independent units (blocks, block rows, tile rows).
+#include <algorithm>
+#include <cstring>
 #include <string>
+#include <vector>
 
+#include "csrc/common/parallel.h"
 #include "csrc/formats/block_scaled.h"
+#include "csrc/formats/block_scaled_cpu_kernels.h"
 #include "csrc/formats/block_scaled_io.h"
 
 namespace gpuext::formats {
 namespace {
+using namespace cpu;
 
-uint32_t GlobalScaleBits(const BlockScaledGeometry& g, const float* gs, int64_t outer_index) {
-  return FloatToBits(gs[outer_index / (g.outer / g.global_count)]);
+constexpr int64_t kChunk = 512;  // columns per strided step; codes per packing buffer
+
+// Codes of elements [e0, e0 + n) into the element buffer: bytes, or FP4 nibbles (element 2i low).
+// Edge nibbles are read-modify-write; callers split work only at even elements, so no byte
+// is written by two threads.
+void StoreCodes(void* data, bool packed, int64_t e0, const uint8_t* codes, int64_t n) {
+  uint8_t* p = static_cast<uint8_t*>(data);
+  if (!packed) {
+    std::memcpy(p + e0, codes, size_t(n));
+    return;
+  }
+  int64_t i = 0;
+  if (e0 & 1) StoreElementCodeSequential(data, true, e0 + i++, codes[0]);
+  uint8_t* bytes = p + (e0 + i) / 2;
+  const int64_t pairs = (n - i) / 2;
+  for (int64_t j = 0; j < pairs; ++j) bytes[j] = uint8_t(Fp4PackPair(codes[i + 2 * j], codes[i + 2 * j + 1]));
+  i += 2 * pairs;
+  if (i < n) StoreElementCodeSequential(data, true, e0 + i, codes[i]);
 }
 
-// Calls visit(element_index) for every element of block (o, b, i) of a 1-D format.
-template <typename Visit>
-void ForBlock1d(const BlockScaledGeometry& g, int64_t o, int64_t b, int64_t i, Visit visit) {
-  const int64_t end = (b + 1) * g.block < g.k ? (b + 1) * g.block : g.k;
-  for (int64_t kk = b * g.block; kk < end; ++kk) visit((o * g.k + kk) * g.inner + i);
+// Element codes [e0, e0 + n) as one byte each: the buffer itself, or unpacked into buf.
+const uint8_t* LoadCodes(const void* data, bool packed, int64_t e0, int64_t n, uint8_t* buf) {
+  const uint8_t* p = static_cast<const uint8_t*>(data);
+  if (!packed) return p + e0;
+  for (int64_t i = 0; i < n; ++i) buf[i] = uint8_t((p[(e0 + i) >> 1] >> (((e0 + i) & 1) * 4)) & 0xF);
+  return buf;
 }
 
-template <typename Visit>
-void ForTile(const BlockScaledGeometry& g, int64_t o, int64_t br, int64_t bc, Visit visit) {
-  const int64_t rend = (br + 1) * 128 < g.k ? (br + 1) * 128 : g.k;
-  const int64_t cend = (bc + 1) * 128 < g.cols ? (bc + 1) * 128 : g.cols;
-  for (int64_t r = br * 128; r < rend; ++r)
-    for (int64_t c = bc * 128; c < cend; ++c) visit((o * g.k + r) * g.cols + c);
+template <class In>
+uint32_t AbsMaxF32(const typename In::T* x, int64_t n) {
+  // Signed compare: |bits| < 2^31 (2^15 for 16-bit inputs), and SSE2 has signed max/compare only.
+  using S = std::conditional_t<sizeof(typename In::T) == 4, int32_t, int16_t>;
+  S m = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const S v = S(In::Abs(x[i]));
+    m = v > m ? v : m;
+  }
+  return In::AbsToF32(uint32_t(m));
 }
 
-template <typename ForEachBlock>
-void QuantizeBlocks(const QuantizeArgs& a, ForEachBlock for_each_block) {
-  for_each_block([&](int64_t o, int64_t scale_index, auto for_elements) {
-    uint32_t amax = 0;
-    for_elements([&](int64_t e) {
-      const uint32_t v = LoadInputBits(a.x, a.in_type, e) & kF32AbsMask;
-      amax = v > amax ? v : amax;
-    });
-    const uint32_t gbits = a.global_scale ? GlobalScaleBits(a.geo, a.global_scale, o) : kF32One;
-    const BlockScale s = ComputeBlockScale(a.geo.format, a.scale_rounding, amax, gbits);
-    StoreScale(a.scale, a.geo.format, scale_index, s.stored);
-    for_elements([&](int64_t e) {
-      StoreElementCodeSequential(a.data, a.geo.fp4_packed, e,
-                                 QuantizeElement(a.geo.format, s, LoadInputBits(a.x, a.in_type, e)));
-    });
-  });
+uint32_t GlobalBits(const BlockScaledGeometry& g, const float* gs, int64_t o) {
+  return gs ? FloatToBits(gs[o / (g.outer / g.global_count)]) : kF32One;
+}
+
+// ------------------------------------------------------------------------------- quantize
+template <class Fmt, class In>
+struct Quantize {
+  using T = typename In::T;
+  const QuantizeArgs& a;
+  const T* x = static_cast<const T*>(a.x);
+
+  BlockScale Scale(uint32_t amax, int64_t o) const {
+    return BlockScaleOf<Fmt>(amax, a.scale_rounding, GlobalBits(a.geo, a.global_scale, o));
+  }
+
+  // n contiguous elements from e0 sharing the block scale s.
+  void Run(int64_t e0, int64_t n, const BlockScale& s) const {
+    float p = 1.0f;
+    const bool fast = QuantFastScale<Fmt>(s, &p);
+    uint8_t buf[kChunk];
+    for (int64_t c = 0; c < n; c += kChunk) {
+      const int64_t m = std::min(kChunk, n - c);
+      const T* xs = x + e0 + c;
+      uint8_t* out = a.geo.fp4_packed ? buf : static_cast<uint8_t*>(a.data) + e0 + c;
+      if (fast) {
+        for (int64_t i = 0; i < m; ++i) out[i] = QuantizeFast<Fmt>(In::Bits(xs[i]), p);
+      } else {
+        for (int64_t i = 0; i < m; ++i) out[i] = uint8_t(QuantizeElement(Fmt::kFormat, s, uint32_t(In::Bits(xs[i]))));
+      }
+      if (a.geo.fp4_packed) StoreCodes(a.data, true, e0 + c, buf, m);
+    }
+  }
+
+  // Units: blocks (o, b) with the quantized axis last; blocks along K are contiguous.
+  void Contiguous(int64_t begin, int64_t end) const {
+    const BlockScaledGeometry& g = a.geo;
+    const int64_t nb = g.blocks_along();
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t o = u / nb, b = u % nb;
+      const int64_t e0 = o * g.k + b * g.block, n = std::min(g.block, g.k - b * g.block);
+      const BlockScale s = Scale(AbsMaxF32<In>(x + e0, n), o);
+      StoreScale(a.scale, Fmt::kFormat, u, s.stored);
+      Run(e0, n, s);
+    }
+  }
+
+  // Units: block rows (o, b) of a non-last quantized axis; columns i run in lanes.
+  void Strided(int64_t begin, int64_t end) const {
+    const BlockScaledGeometry& g = a.geo;
+    const int64_t nb = g.blocks_along();
+    using S = std::conditional_t<sizeof(T) == 4, int32_t, int16_t>;
+    S amax[kChunk];
+    float param[kChunk];
+    BlockScale scales[kChunk];
+    uint8_t codes[kChunk];
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t o = u / nb, b = u % nb;
+      const int64_t k0 = b * g.block, rows = std::min(g.block, g.k - k0);
+      for (int64_t i0 = 0; i0 < g.inner; i0 += kChunk) {
+        const int64_t w = std::min(kChunk, g.inner - i0);
+        std::fill(amax, amax + w, S(0));
+        for (int64_t r = 0; r < rows; ++r) {
+          const T* xs = x + (o * g.k + k0 + r) * g.inner + i0;
+          for (int64_t i = 0; i < w; ++i) {
+            const S v = S(In::Abs(xs[i]));
+            amax[i] = v > amax[i] ? v : amax[i];
+          }
+        }
+        bool all_fast = true;
+        for (int64_t i = 0; i < w; ++i) {
+          scales[i] = Scale(In::AbsToF32(uint32_t(amax[i])), o);
+          StoreScale(a.scale, Fmt::kFormat, u * g.inner + i0 + i, scales[i].stored);
+          param[i] = 1.0f;
+          all_fast &= QuantFastScale<Fmt>(scales[i], &param[i]);
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t e0 = (o * g.k + k0 + r) * g.inner + i0;
+          const T* xs = x + e0;
+          uint8_t* out = g.fp4_packed ? codes : static_cast<uint8_t*>(a.data) + e0;
+          for (int64_t i = 0; i < w; ++i) out[i] = QuantizeFast<Fmt>(In::Bits(xs[i]), param[i]);
+          if (!all_fast) {
+            float unused;
+            for (int64_t i = 0; i < w; ++i)
+              if (!QuantFastScale<Fmt>(scales[i], &unused))
+                out[i] = uint8_t(QuantizeElement(Fmt::kFormat, scales[i], uint32_t(In::Bits(xs[i]))));
+          }
+          if (g.fp4_packed) StoreCodes(a.data, true, e0, codes, w);
+        }
+      }
+    }
+  }
+
+  // Units: rows of 128x128 tiles (o, br).
+  void Tiles(int64_t begin, int64_t end) const {
+    const BlockScaledGeometry& g = a.geo;
+    const int64_t nbr = g.blocks_along(), nbc = g.block_cols();
+    std::vector<uint32_t> amax(static_cast<size_t>(nbc));
+    std::vector<BlockScale> scales(static_cast<size_t>(nbc));
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t o = u / nbr, r0 = (u % nbr) * 128, rows = std::min<int64_t>(128, g.k - r0);
+      std::fill(amax.begin(), amax.end(), 0u);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t bc = 0; bc < nbc; ++bc) {
+          const int64_t c0 = bc * 128;
+          amax[bc] = std::max(amax[bc], AbsMaxF32<In>(x + (o * g.k + r0 + r) * g.cols + c0,
+                                                       std::min<int64_t>(128, g.cols - c0)));
+        }
+      for (int64_t bc = 0; bc < nbc; ++bc) {
+        scales[bc] = Scale(amax[bc], o);
+        StoreScale(a.scale, Fmt::kFormat, u * nbc + bc, scales[bc].stored);
+      }
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t bc = 0; bc < nbc; ++bc)
+          Run((o * g.k + r0 + r) * g.cols + bc * 128, std::min<int64_t>(128, g.cols - bc * 128), scales[bc]);
+    }
+  }
+
+  // FP8_TENSOR: one block per tensor, split in chunks for the amax and again for the rounding.
+  void PerTensor(const TaskRunner* runner) const {
+    const BlockScaledGeometry& g = a.geo;
+    const int64_t chunks = (g.k + kChunk * 16 - 1) / (kChunk * 16);
+    std::vector<uint32_t> part(static_cast<size_t>(chunks));
+    for (int64_t o = 0; o < g.outer; ++o) {
+      const int64_t base = o * g.k;
+      auto chunk_range = [&](int64_t c) { return std::make_pair(c * kChunk * 16, std::min(g.k, (c + 1) * kChunk * 16)); };
+      ParallelFor(runner, chunks, 1, kChunk * 16, [&](int64_t b, int64_t e) {
+        for (int64_t c = b; c < e; ++c) {
+          const auto [lo, hi] = chunk_range(c);
+          part[size_t(c)] = AbsMaxF32<In>(x + base + lo, hi - lo);
+        }
+      });
+      const uint32_t amax = chunks ? *std::max_element(part.begin(), part.end()) : 0u;
+      const BlockScale s = Scale(amax, o);
+      StoreScale(a.scale, Fmt::kFormat, o, s.stored);
+      ParallelFor(runner, chunks, 1, kChunk * 16, [&](int64_t b, int64_t e) {
+        for (int64_t c = b; c < e; ++c) {
+          const auto [lo, hi] = chunk_range(c);
+          Run(base + lo, hi - lo, s);
+        }
+      });
+    }
+  }
+
+  void operator()(const TaskRunner* runner) const {
+    const BlockScaledGeometry& g = a.geo;
+    if (g.per_tensor()) return PerTensor(runner);
+    if (g.two_d()) {
+      ParallelFor(runner, g.outer * g.blocks_along(), 1, 128 * g.cols,
+                  [&](int64_t b, int64_t e) { Tiles(b, e); });
+      return;
+    }
+    const int64_t nb = g.blocks_along();
+    // Packed FP4: a part must start at an even element. Unit starts are even when k * inner
+    // is even (the block, 16, is); otherwise every other row starts odd, so parts take row pairs.
+    const int64_t grain = g.fp4_packed && (g.k * g.inner) % 2 ? 2 * nb : 1;
+    if (g.inner == 1) {
+      ParallelFor(runner, g.outer * nb, grain, g.block, [&](int64_t b, int64_t e) { Contiguous(b, e); });
+    } else {
+      ParallelFor(runner, g.outer * nb, grain, g.block * g.inner, [&](int64_t b, int64_t e) { Strided(b, e); });
+    }
+  }
+};
+
+// ------------------------------------------------------------------------------- dequantize
+template <class Fmt, class Out>
+struct Dequantize {
+  using T = typename Out::T;
+  const DequantizeArgs& a;
+  T* y = static_cast<T*>(a.y);
+
+  // n contiguous elements from e0 sharing one stored scale.
+  void Run(int64_t e0, int64_t n, uint32_t scale, uint32_t gbits) const {
+    float m0, m1;
+    const bool fast = DequantFastScale<Fmt>(scale, gbits, &m0, &m1);
+    uint8_t buf[kChunk];
+    for (int64_t c = 0; c < n; c += kChunk) {
+      const int64_t m = std::min(kChunk, n - c);
+      const uint8_t* codes = LoadCodes(a.data, a.geo.fp4_packed, e0 + c, m, buf);
+      T* ys = y + e0 + c;
+      if (fast) {
+        for (int64_t i = 0; i < m; ++i) ys[i] = DequantizeFast<Fmt, Out>(codes[i], m0, m1);
+      } else {
+        const BitFormat out = OutputFormat(a.out_type);
+        for (int64_t i = 0; i < m; ++i) ys[i] = T(DequantizeElement(Fmt::kFormat, codes[i], scale, gbits, out));
+      }
+    }
+  }
+
+  void Contiguous(int64_t begin, int64_t end) const {
+    const BlockScaledGeometry& g = a.geo;
+    const int64_t nb = g.blocks_along();
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t o = u / nb, b = u % nb;
+      Run(o * g.k + b * g.block, std::min(g.block, g.k - b * g.block), LoadScale(a.scale, Fmt::kFormat, u),
+          GlobalBits(g, a.global_scale, o));
+    }
+  }
+
+  void Strided(int64_t begin, int64_t end) const {
+    const BlockScaledGeometry& g = a.geo;
+    const int64_t nb = g.blocks_along();
+    const BitFormat out = OutputFormat(a.out_type);
+    float m0[kChunk], m1[kChunk];
+    bool fast[kChunk];
+    uint8_t buf[kChunk];
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t o = u / nb, k0 = (u % nb) * g.block, rows = std::min(g.block, g.k - k0);
+      const uint32_t gbits = GlobalBits(g, a.global_scale, o);
+      for (int64_t i0 = 0; i0 < g.inner; i0 += kChunk) {
+        const int64_t w = std::min(kChunk, g.inner - i0);
+        bool all_fast = true;
+        for (int64_t i = 0; i < w; ++i) {
+          fast[i] = DequantFastScale<Fmt>(LoadScale(a.scale, Fmt::kFormat, u * g.inner + i0 + i), gbits, &m0[i], &m1[i]);
+          all_fast &= fast[i];
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t e0 = (o * g.k + k0 + r) * g.inner + i0;
+          const uint8_t* codes = LoadCodes(a.data, g.fp4_packed, e0, w, buf);
+          T* ys = y + e0;
+          for (int64_t i = 0; i < w; ++i) ys[i] = DequantizeFast<Fmt, Out>(codes[i], m0[i], m1[i]);
+          if (!all_fast)
+            for (int64_t i = 0; i < w; ++i)
+              if (!fast[i])
+                ys[i] = T(DequantizeElement(Fmt::kFormat, codes[i], LoadScale(a.scale, Fmt::kFormat, u * g.inner + i0 + i),
+                                            gbits, out));
+        }
+      }
+    }
+  }
+
+  // Units: rows of elements (o, r) of FP8_128x128; each row is runs of 128 with one scale each.
+  void TileRows(int64_t begin, int64_t end) const {
+    const BlockScaledGeometry& g = a.geo;
+    const int64_t nbr = g.blocks_along(), nbc = g.block_cols();
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t o = u / g.k, r = u % g.k;
+      for (int64_t bc = 0; bc < nbc; ++bc)
+        Run(u * g.cols + bc * 128, std::min<int64_t>(128, g.cols - bc * 128),
+            LoadScale(a.scale, Fmt::kFormat, (o * nbr + r / 128) * nbc + bc), kF32One);
+    }
+  }
+
+  void operator()(const TaskRunner* runner) const {
+    const BlockScaledGeometry& g = a.geo;
+    if (g.two_d()) {
+      ParallelFor(runner, g.outer * g.k, 1, g.cols, [&](int64_t b, int64_t e) { TileRows(b, e); });
+    } else if (g.per_tensor()) {  // one scale per tensor: any split of a tensor is independent
+      const int64_t span = kChunk * 16, chunks = (g.k + span - 1) / span;
+      ParallelFor(runner, g.outer * chunks, 1, span, [&](int64_t b, int64_t e) {
+        for (int64_t c = b; c < e; ++c) {
+          const int64_t o = c / chunks, lo = (c % chunks) * span;
+          Run(o * g.k + lo, std::min(span, g.k - lo), LoadScale(a.scale, Fmt::kFormat, o), kF32One);
+        }
+      });
+    } else if (g.inner == 1) {
+      ParallelFor(runner, g.outer * g.blocks_along(), 1, g.block, [&](int64_t b, int64_t e) { Contiguous(b, e); });
+    } else {
+      ParallelFor(runner, g.outer * g.blocks_along(), 1, g.block * g.inner,
+                  [&](int64_t b, int64_t e) { Strided(b, e); });
+    }
+  }
+};
+
+// ------------------------------------------------------------------------------- dispatch
+// The only switches: format x type, once per call.
+template <template <class, class> class Op, class T0, class T1, class T2, class Args>
+Status Dispatch(const Args& args, FloatType t, const TaskRunner* runner) {
+  auto run = [&](auto fmt) {
+    using Fmt = decltype(fmt);
+    switch (t) {
+      case FloatType::kF32: Op<Fmt, T0>{args}(runner); break;
+      case FloatType::kBF16: Op<Fmt, T1>{args}(runner); break;
+      default: Op<Fmt, T2>{args}(runner); break;
+    }
+    return Status::Ok();
+  };
+  switch (args.geo.format) {
+    case kMxfp8E4m3: return run(MxE4M3{});
+    case kMxfp8E5m2: return run(MxE5M2{});
+    case kNvfp4: return run(Nvfp4{});
+    case kFp8Blockwise1x128: return run(Fp8Scaled<kFp8Blockwise1x128>{});
+    case kFp8Blockwise128x128: return run(Fp8Scaled<kFp8Blockwise128x128>{});
+    case kFp8PerTensor: return run(Fp8Scaled<kFp8PerTensor>{});
+    default: return Status::Error("unknown format " + std::to_string(args.geo.format));
+  }
+}
+
+Status CheckGlobalCount(const BlockScaledGeometry& g) {
+  if (g.global_count <= 0 || g.outer % g.global_count != 0)
+    return Status::Error("global scale count " + std::to_string(g.global_count) + " does not divide " +
+                         std::to_string(g.outer) + " leading rows");
+  return Status::Ok();
 }
 
 }  // namespace
 
-Status QuantizeCpu(const QuantizeArgs& a) {
-  const BlockScaledGeometry& g = a.geo;
-  if (g.global_count <= 0 || g.outer % g.global_count != 0)
-    return Status::Error("global scale count " + std::to_string(g.global_count) + " does not divide " +
-                         std::to_string(g.outer) + " leading rows");
-  if (g.two_d()) {
-    QuantizeBlocks(a, [&](auto body) {
-      for (int64_t o = 0; o < g.outer; ++o)
-        for (int64_t br = 0; br < g.blocks_along(); ++br)
-          for (int64_t bc = 0; bc < g.block_cols(); ++bc)
-            body(o, (o * g.blocks_along() + br) * g.block_cols() + bc,
-                 [&](auto visit) { ForTile(g, o, br, bc, visit); });
-    });
-  } else {
-    QuantizeBlocks(a, [&](auto body) {
-      for (int64_t o = 0; o < g.outer; ++o)
-        for (int64_t b = 0; b < g.blocks_along(); ++b)
-          for (int64_t i = 0; i < g.inner; ++i)
-            body(o, (o * g.blocks_along() + b) * g.inner + i,
-                 [&](auto visit) { ForBlock1d(g, o, b, i, visit); });
-    });
-  }
-  return Status::Ok();
+Status QuantizeCpu(const QuantizeArgs& a, const TaskRunner* runner) {
+  if (Status s = CheckGlobalCount(a.geo); !s.ok()) return s;
+  return Dispatch<Quantize, InF32, InBF16, InF16>(a, a.in_type, runner);
 }
 
-Status DequantizeCpu(const DequantizeArgs& a) {
-  const BlockScaledGeometry& g = a.geo;
-  if (g.global_count <= 0 || g.outer % g.global_count != 0)
-    return Status::Error("global scale count does not divide the leading rows");
-  const BitFormat& out = OutputFormat(a.out_type);
-  const int64_t rows_per_g = g.outer / g.global_count;
-  const int64_t row_len = g.two_d() ? g.k * g.cols : g.k * g.inner;
-  for (int64_t e = 0; e < g.elements(); ++e) {
-    const int64_t o = e / row_len, rest = e % row_len;
-    int64_t s;
-    if (g.two_d()) {
-      const int64_t r = rest / g.cols, c = rest % g.cols;
-      s = (o * g.blocks_along() + r / 128) * g.block_cols() + c / 128;
-    } else {
-      const int64_t kk = rest / g.inner, i = rest % g.inner;
-      s = (o * g.blocks_along() + kk / g.block) * g.inner + i;
-    }
-    const uint32_t gbits = a.global_scale ? FloatToBits(a.global_scale[o / rows_per_g]) : kF32One;
-    const uint32_t bits = DequantizeElement(g.format, LoadElementCode(a.data, g.fp4_packed, e),
-                                            LoadScale(a.scale, g.format, s), gbits, out);
-    StoreOutput(a.y, a.out_type, e, bits);
-  }
-  return Status::Ok();
+Status DequantizeCpu(const DequantizeArgs& a, const TaskRunner* runner) {
+  if (Status s = CheckGlobalCount(a.geo); !s.ok()) return s;
+  return Dispatch<Dequantize, OutF32, OutBF16, OutF16>(a, a.out_type, runner);
 }
 
 }  // namespace gpuext::formats

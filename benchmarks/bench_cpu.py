@@ -1,0 +1,183 @@
+"""CPU speed (issue 18): quantize / dequantize and a scaled_dot_general training step on XLA:CPU,
+as ratios against baselines measured in this process and run:
+
+- an XLA elementwise pass ``x * 2`` over the same bf16 array (one read + one write: the floor a
+  quantizer is compared with; target: ``quantize`` through ``auto`` >= 0.5x it for MXFP8, NVFP4,
+  FP8_1x128),
+- our jnp reference (``backend="reference"``) and, where this jax has them, jax.nn's quantizer,
+- ``jax.nn.scaled_dot_general`` forward + backward (target: MXFP8 >= 1.0x it).
+
+    python benchmarks/bench_cpu.py [--quick] [--out FILE.json] [--iters N]
+
+"fastest here" names the faster of the two exact CPU paths in this run: it should be what `auto`
+picks (the recorded decision in docs/design.md, "CPU speed (issue 18)"). Prints markdown tables;
+never fails on a timing (the targets are read off the table). ``--quick``
+(CI) uses 1024 x 1024 and fewer runs so it ends in well under a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+
+def _time(fn, *args, iters: int) -> float:
+    """Median seconds per call, after a warm-up call."""
+    import jax
+
+    jax.block_until_ready(fn(*args))
+    samples = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        samples.append(time.perf_counter() - t0)
+    return sorted(samples)[len(samples) // 2]
+
+
+def _jax_nn_quantizer(fmt_name: str):
+    """jax.nn's own quantizer for a format, or None where this jax has none (it is private API:
+    the function scaled_dot_general runs; jax.nn exposes only its config)."""
+    import jax
+
+    mode = {"MXFP8_E4M3": "mxfp8", "NVFP4": "nvfp4"}.get(fmt_name)
+    if mode is None or not hasattr(jax.nn, "get_scaled_dot_general_config"):
+        return None
+    try:
+        from jax._src.cudnn import scaled_matmul_stablehlo as sms
+    except ImportError:
+        return None
+    import jax.numpy as jnp
+
+    config = jax.nn.get_scaled_dot_general_config(mode, global_scale=jnp.float32(1.0)) if mode == "nvfp4" \
+        else jax.nn.get_scaled_dot_general_config(mode)
+    return lambda x: sms.quantize(x[None], config)
+
+
+def _fmt_ms(t):
+    return "-" if t is None else f"{t * 1e3:.2f}"
+
+
+def _fmt_ratio(base, t):
+    return "-" if t is None else f"{base / t:.2f}x"
+
+
+def quantize_rows(x, iters: int):
+    import jax
+    import jax.numpy as jnp
+
+    import jax_gpuext as gx
+    from jax_gpuext import backends
+
+    xla_pass = _time(jax.jit(lambda v: v * 2), x, iters=iters)
+    rows = []
+    for fmt in gx.formats.FORMATS.values():
+        g = jnp.float32(1.0) if fmt.has_global_scale else None  # given: one pass over x, as jax.nn's
+        kw = dict(global_scale=g)
+        chosen = backends.select(gx.formats.QUANTIZE_OP, "auto", problem=(fmt, x.shape, x.dtype)).chosen
+        t = {name: _time(jax.jit(lambda v, f=fmt, b=name: gx.quantize(v, f, backend=b, **kw)), x, iters=iters)
+             for name in ("auto", "cpu", "reference")}
+        nn = _jax_nn_quantizer(fmt.name)
+        t_nn = _time(jax.jit(nn), x, iters=iters) if nn is not None else None
+        q = gx.quantize(x, fmt, **kw)
+        t_deq = {name: _time(jax.jit(lambda v, b=name: gx.dequantize(v, jnp.bfloat16, backend=b)), q, iters=iters)
+                 for name in ("auto", "reference")}
+        fastest = min(("cpu", "reference"), key=lambda b: t[b])
+        rows.append({"format": fmt.name, "auto_backend": chosen, "fastest_exact": fastest, "xla_x2_ms": xla_pass * 1e3,
+                     "auto_ms": t["auto"] * 1e3, "cpu_ms": t["cpu"] * 1e3, "reference_ms": t["reference"] * 1e3,
+                     "jax_nn_ms": None if t_nn is None else t_nn * 1e3,
+                     "auto_vs_xla_pass": xla_pass / t["auto"], "reference_vs_xla_pass": xla_pass / t["reference"],
+                     "dequantize_auto_ms": t_deq["auto"] * 1e3, "dequantize_reference_ms": t_deq["reference"] * 1e3,
+                     "dequantize_auto_vs_xla_pass": xla_pass / t_deq["auto"]})
+    return rows
+
+
+def training_rows(n: int, iters: int):
+    """MXFP8 scaled_dot_general forward + backward (grad of a sum w.r.t. both operands) against
+    jax.nn.scaled_dot_general on the same bf16 operands, both jit-compiled."""
+    import jax
+    import jax.numpy as jnp
+
+    import jax_gpuext as gx
+
+    ka, kb = jax.random.split(jax.random.key(1))
+    a = jax.random.normal(ka, (n, n), jnp.bfloat16)
+    b = jax.random.normal(kb, (n, n), jnp.bfloat16)
+    dn = (((1,), (0,)), ((), ()))
+
+    def step(dot):
+        return jax.jit(jax.grad(lambda a, b: jnp.sum(dot(a, b).astype(jnp.float32)), argnums=(0, 1)))
+
+    ours = step(lambda a, b: gx.scaled_dot_general(a, b, dn, preferred_element_type=jnp.bfloat16))
+    t_ours = _time(ours, a, b, iters=iters)
+    row = {"format": "MXFP8_E4M3", "n": n, "ours_s": t_ours, "jax_nn_s": None, "vs_jax_nn": None}
+    if hasattr(jax.nn, "scaled_dot_general"):
+        # configs=None: jax.nn's default, MXFP8 E4M3 for both operands and the cotangent
+        nn = step(lambda a, b: jax.nn.scaled_dot_general(a, b, dn, preferred_element_type=jnp.bfloat16))
+        t_nn = _time(nn, a, b, iters=iters)
+        row.update(jax_nn_s=t_nn, vs_jax_nn=t_nn / t_ours)
+    return [row]
+
+
+def _print_tables(n, qrows, trows):
+    import jax
+
+    print(f"\n### quantize / dequantize, bf16 [{n}, {n}], jax {jax.__version__}, "
+          f"{os.cpu_count()} CPUs (ratio = time of `x * 2` / time; >= 0.5x is the target)\n")
+    print("| format | auto picks | fastest here | `x * 2` ms | auto ms | ratio | cpu ms | reference ms | ratio | jax.nn ms "
+          "| dequantize auto ms | ratio |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in qrows:
+        print(f"| {r['format']} | {r['auto_backend']} | {r['fastest_exact']} | {r['xla_x2_ms']:.2f} | {r['auto_ms']:.2f} | "
+              f"{r['auto_vs_xla_pass']:.2f}x | {r['cpu_ms']:.2f} | {r['reference_ms']:.2f} | "
+              f"{r['reference_vs_xla_pass']:.2f}x | "
+              f"{'-' if r['jax_nn_ms'] is None else format(r['jax_nn_ms'], '.2f')} | "
+              f"{r['dequantize_auto_ms']:.2f} | {r['dequantize_auto_vs_xla_pass']:.2f}x |")
+    print("\n### scaled_dot_general forward + backward (ratio = jax.nn time / ours; >= 1.0x is the target)\n")
+    print("| format | shape | ours s | jax.nn s | ratio |")
+    print("|---|---|---|---|---|")
+    for r in trows:
+        nn = "-" if r["jax_nn_s"] is None else f"{r['jax_nn_s']:.3f}"
+        ratio = "- (no jax.nn.scaled_dot_general)" if r["vs_jax_nn"] is None else f"{r['vs_jax_nn']:.2f}x"
+        print(f"| {r['format']} | {r['n']}x{r['n']} @ {r['n']}x{r['n']} | {r['ours_s']:.3f} | {nn} | {ratio} |")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="1024 x 1024, fewer runs (CI: well under a minute)")
+    p.add_argument("--out", help="write the results as JSON here")
+    p.add_argument("--iters", type=int, default=None, help="timed runs per measurement (median taken)")
+    args = p.parse_args(argv)
+
+    import jax
+
+    jax.config.update("jax_platforms", "cpu")  # a CPU benchmark, also on a machine with a GPU
+    import jax.numpy as jnp
+
+    try:
+        from jax_gpuext import gates
+    except ImportError as e:
+        print(f"bench_cpu: needs jax_gpuext installed ({e}); refusing to run", file=sys.stderr)
+        return 2
+    ok = gates.check_all(["cpu_extension"])
+    if not ok:
+        print(f"bench_cpu: needs the CPU extension jax_gpuext._cpu ({ok.reason}); refusing to run", file=sys.stderr)
+        return 2
+    n = 1024 if args.quick else 2048
+    iters = args.iters or (3 if args.quick else 5)
+    x = jax.random.normal(jax.random.key(0), (n, n), jnp.bfloat16)
+    qrows = quantize_rows(x, iters)
+    trows = training_rows(n // 2 if args.quick else n, iters)
+    _print_tables(n, qrows, trows)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"benchmark": "bench_cpu", "rows": qrows + trows,
+                       "notes": [f"jax {jax.__version__}", f"{os.cpu_count()} CPUs", f"iters {iters} (median)"]},
+                      f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

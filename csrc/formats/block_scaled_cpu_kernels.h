@@ -1,0 +1,251 @@
+// Per-element CPU kernels of the block-scaled formats, specialised at compile time per format
+// (a trait struct) and per input/output type, written so that GCC/Clang vectorise the loops
+// with the baseline ISA (SSE2 on x86-64): branch-free selects, constant shifts, signed 32-bit
+// compares, float multiply/divide/add. No per-element switch on the format.
+//
+// Exactness under XLA's FTZ/DAZ (docs/design.md "CPU speed (issue 18)"): the fast path uses
+// float arithmetic only where neither FTZ nor DAZ can change a bit of the result:
+//  - fp32 -> element code: normal fp32 values round on their integer bits; values below the
+//    element's smallest normal round through `v + magic` (magic: the power of two whose ulp is the
+//    element's subnormal step), whose operands and result are normal whenever the code can be
+//    non-zero; a v lost to FTZ/DAZ is below half the smallest subnormal, so its code is 0 anyway.
+//  - the scaling itself (x * 2^-e, x / s, code * s [* g]) is one IEEE operation, which equals the
+//    unbounded-exponent RN of block_scaled_math.h whenever its result is a normal fp32. Each block
+//    checks, from its scale alone, that every result that can matter is normal (kQuantMinScaleK,
+//    DequantFastScale); blocks that fail (tiny or huge scales, NaN/Inf) run the scalar rules of
+//    block_scaled_math.h element by element. tests/test_formats.py covers both sides.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "csrc/formats/block_scaled_math.h"
+
+namespace gpuext::formats::cpu {
+
+inline float AsFloat(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+inline uint32_t AsBits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
+// ------------------------------------------------------------------------ element formats
+// Everything a loop needs about an element (or output) format, as compile-time constants.
+template <BitFormat (*Fmt)()>
+struct Elem {
+  static constexpr BitFormat kF = Fmt();
+  static constexpr int32_t kMbits = kF.mbits, kEmin = 1 - kF.bias;
+  static constexpr int32_t kSignShift = kF.ebits + kF.mbits;
+  static constexpr int32_t kMagMask = (1 << kSignShift) - 1;
+  // fp32 bits of the smallest normal, and of the power of two whose ulp is the subnormal step.
+  static constexpr int32_t kMinNormalBits = (kEmin + 127) << 23;
+  static constexpr int32_t kMagicBits = (kEmin - kMbits + 23 + 127) << 23;
+  static constexpr int32_t kRebias = (127 - kF.bias) << kMbits;  // fp32 exponent -> element exponent
+};
+using E4M3 = Elem<E4M3Format>;
+using E5M2 = Elem<E5M2Format>;
+using E2M1 = Elem<E2M1Format>;
+using F16 = Elem<F16Format>;
+
+// |fp32| bits (finite, or +Inf) -> the element code, round to nearest even, saturating at the
+// largest finite code (limit) or, for outputs with Inf, at Inf (limit = max_code + 1).
+template <class E>
+inline int32_t RoundMagnitude(int32_t b, int32_t limit) {
+  constexpr int32_t drop = 23 - E::kMbits;
+  const int32_t normal = ((b + ((1 << (drop - 1)) - 1) + ((b >> drop) & 1)) >> drop) - E::kRebias;
+  const int32_t sub = int32_t(AsBits(AsFloat(uint32_t(b)) + AsFloat(E::kMagicBits))) - E::kMagicBits;
+  const int32_t code = b >= E::kMinNormalBits ? normal : sub;
+  return code < limit ? code : limit;
+}
+
+// An element code's magnitude -> its exact value as fp32 bits (0, subnormals and normals of E).
+template <class E>
+inline int32_t MagnitudeToF32(int32_t mag) {
+  const int32_t normal = (mag << (23 - E::kMbits)) + ((127 - E::kF.bias) << 23);
+  const int32_t sub = int32_t(AsBits(AsFloat(uint32_t(E::kMagicBits + mag)) - AsFloat(E::kMagicBits)));
+  return mag >= (1 << E::kMbits) ? normal : sub;
+}
+
+// ------------------------------------------------------------------------ input / output types
+struct InF32 {
+  using T = uint32_t;
+  static constexpr uint32_t kAbsMask = kF32AbsMask;
+  static uint32_t Abs(T v) { return v & kAbsMask; }
+  static uint32_t AbsToF32(uint32_t a) { return a; }
+  static int32_t Bits(T v) { return int32_t(v); }  // fp32 bits, sign in bit 31
+};
+struct InBF16 {
+  using T = uint16_t;
+  static uint32_t Abs(T v) { return v & 0x7FFFu; }
+  static uint32_t AbsToF32(uint32_t a) { return a << 16; }
+  static int32_t Bits(T v) { return int32_t(uint32_t(v) << 16); }
+};
+struct InF16 {
+  using T = uint16_t;
+  static uint32_t Abs(T v) { return v & 0x7FFFu; }
+  static uint32_t AbsToF32(uint32_t a) {
+    const int32_t h = int32_t(a);
+    const int32_t special = 0x7F800000 | ((h & 0x3FF) << 13);
+    const int32_t v = h >= 0x7C00 ? special : MagnitudeToF32<F16>(h);
+    return uint32_t(v);
+  }
+  static int32_t Bits(T v) { return int32_t(AbsToF32(v & 0x7FFFu) | (uint32_t(v >> 15) << 31)); }
+};
+
+struct OutF32 {
+  using T = uint32_t;
+  static constexpr int32_t kSignShift = 31;
+  static constexpr uint32_t kInf = kF32Inf, kNaN = kF32NaN;
+  static T FromF32(int32_t b) { return uint32_t(b); }  // b: a normal fp32, zero or +Inf
+};
+struct OutBF16 {
+  using T = uint16_t;
+  static constexpr int32_t kSignShift = 15;
+  static constexpr uint32_t kInf = 0x7F80, kNaN = BF16Format().nan_code;
+  static T FromF32(int32_t b) { return T((b + 0x7FFF + ((b >> 16) & 1)) >> 16); }
+};
+struct OutF16 {
+  using T = uint16_t;
+  static constexpr int32_t kSignShift = 15;
+  static constexpr uint32_t kInf = 0x7C00, kNaN = F16Format().nan_code;
+  static T FromF32(int32_t b) { return T(RoundMagnitude<F16>(b, 0x7C00)); }
+};
+
+// ------------------------------------------------------------------------ block formats
+// One trait struct per block format: the element format, how a block scale reaches the
+// elements (a power of two multiplied in, or an fp32 divisor), and the NaN/Inf codes.
+// A new format is one more struct here and one case in the dispatch.
+struct MxE4M3 {
+  static constexpr int32_t kFormat = kMxfp8E4m3;
+  using E = E4M3;
+  static constexpr bool kPow2 = true;
+  static bool IsNaN(int32_t mag) { return mag == 0x7F; }
+  static bool IsInf(int32_t) { return false; }
+};
+struct MxE5M2 {
+  static constexpr int32_t kFormat = kMxfp8E5m2;
+  using E = E5M2;
+  static constexpr bool kPow2 = true;
+  static bool IsNaN(int32_t mag) { return mag > 0x7C; }
+  static bool IsInf(int32_t mag) { return mag == 0x7C; }
+};
+struct Nvfp4 {
+  static constexpr int32_t kFormat = kNvfp4;
+  using E = E2M1;
+  static constexpr bool kPow2 = false;
+  static bool IsNaN(int32_t) { return false; }
+  static bool IsInf(int32_t) { return false; }
+};
+template <int32_t F>
+struct Fp8Scaled {  // FP8 blockwise 1x128 / 128x128 and per-tensor: E4M3 with an fp32 scale
+  static constexpr int32_t kFormat = F;
+  using E = E4M3;
+  static constexpr bool kPow2 = false;
+  static bool IsNaN(int32_t mag) { return mag == 0x7F; }
+  static bool IsInf(int32_t) { return false; }
+};
+
+inline bool NormalF32(uint32_t b) { return b >= 0x00800000u && b < kF32Inf; }
+
+// ComputeBlockScale by float arithmetic where each operation's operands and result are normal
+// fp32 (so IEEE RN is the rules' unbounded-exponent RN, FTZ or not); anything else (zero,
+// subnormal or special amax, extreme global scales) takes ComputeBlockScale itself. The scalar
+// rules cost ~10x more than the block's elements for NVFP4's 16-blocks.
+template <class Fmt>
+inline BlockScale BlockScaleOf(uint32_t amax, int32_t rounding, uint32_t g) {
+  if (Fmt::kFormat == kNvfp4 && NormalF32(amax) && !GlobalScaleInvalid(g)) {
+    const uint32_t six_g = AsBits(6.0f * AsFloat(g));
+    const float q = AsFloat(amax) / AsFloat(six_g);
+    const uint32_t qb = AsBits(q);
+    if (NormalF32(six_g) && NormalF32(qb)) {
+      int32_t code;  // the E4M3 scale, rounded up (ceil on the E4M3 grid), saturating
+      if (qb >= uint32_t(E4M3::kMinNormalBits)) {
+        code = int32_t((qb + 0xFFFFFu) >> 20) - E4M3::kRebias;
+        code = code < 0x7E ? code : 0x7E;
+      } else {
+        const float t = q * 512.0f;  // subnormal steps of 2^-9; exact, t in (0, 8)
+        code = int32_t(t) + (float(int32_t(t)) != t ? 1 : 0);
+      }
+      const uint32_t eff = AsBits(AsFloat(uint32_t(MagnitudeToF32<E4M3>(code))) * AsFloat(g));
+      if (NormalF32(eff)) return BlockScale{uint32_t(code), false, int32_t(eff >> 23) - 127, (eff & 0x7FFFFFu) | 0x800000u};
+    }
+  } else if (!Fmt::kPow2 && Fmt::kFormat != kNvfp4 && NormalF32(amax)) {
+    const uint32_t q = AsBits(AsFloat(amax) / 448.0f);  // FP8 blockwise / per-tensor: RN(amax / 448)
+    if (q >= 0x00800000u) return BlockScale{q, false, int32_t(q >> 23) - 127, (q & 0x7FFFFFu) | 0x800000u};
+  }
+  return ComputeBlockScale(Fmt::kFormat, rounding, amax, g);
+}
+
+// Smallest block-scale exponent for which the fast quantize path is exact: below it an fp32
+// subnormal input could scale to a non-zero code, which DAZ would lose.
+template <class Fmt>
+constexpr int32_t kQuantMinScaleK = -125 - Fmt::E::kEmin + Fmt::E::kMbits;
+
+// The fast quantize path's per-block value: MX multiplies by 2^-k, the others divide by (k, m).
+// Returns false where the block must take the scalar rules.
+template <class Fmt>
+inline bool QuantFastScale(const BlockScale& s, float* param) {
+  if (s.special || s.k < kQuantMinScaleK<Fmt> || s.k > 126) return false;
+  *param = Fmt::kPow2 ? AsFloat(uint32_t(127 - s.k) << 23) : AsFloat(EncodeF32(s.k, s.m));
+  return true;
+}
+
+// One element: fp32 bits (sign in bit 31) -> code, given the block's QuantFastScale value.
+template <class Fmt>
+inline uint8_t QuantizeFast(int32_t bits, float param) {
+  using E = typename Fmt::E;
+  const float a = AsFloat(uint32_t(bits) & kF32AbsMask);
+  const float v = Fmt::kPow2 ? a * param : a / param;
+  const int32_t code = RoundMagnitude<E>(int32_t(AsBits(v)), int32_t(E::kF.max_code));
+  return uint8_t(code | ((uint32_t(bits) >> 31) << E::kSignShift));
+}
+
+// The fast dequantize path's per-block multipliers (y = (value * m0) * m1, each product exact
+// or rounded once as the rules say). Returns false where the block must take the scalar rules:
+// a NaN scale or global scale, or a result that could leave the normal fp32 range at the bottom.
+template <class Fmt>
+inline bool DequantFastScale(uint32_t scale, uint32_t g, float* m0, float* m1) {
+  using E = typename Fmt::E;
+  constexpr int32_t min_elem_k = E::kEmin - E::kMbits;  // the smallest subnormal's exponent
+  *m1 = 1.0f;
+  if (Fmt::kPow2) {
+    if (scale == kE8M0NaN) return false;
+    const int32_t e = int32_t(scale) - kE8M0Bias;
+    *m0 = AsFloat(uint32_t(e + 127) << 23);
+    return e + min_elem_k >= kMinNormalExp;
+  }
+  if (Fmt::kFormat == kNvfp4) {
+    if ((scale & 0x7Fu) == E4M3Format().nan_code || GlobalScaleInvalid(g)) return false;
+    const uint32_t sfield = (scale >> 3) & 0xFu;
+    const int32_t sk = sfield == 0 ? -9 : int32_t(sfield) - 7;  // a lower bound for subnormal codes
+    *m0 = AsFloat(uint32_t(MagnitudeToF32<E4M3>(int32_t(scale & 0x7Fu))));  // sign ignored, as the rules
+    *m1 = AsFloat(g);
+    const int32_t gk = int32_t((g >> 23) & 0xFFu) - 127;
+    return (scale & 0x7Fu) == 0 || sk + gk + min_elem_k >= kMinNormalExp;
+  }
+  const uint32_t a = scale & kF32AbsMask;
+  const int32_t k = int32_t(a >> 23) - 127;
+  *m0 = AsFloat(a);
+  return k > -127 && k < 128 && k + min_elem_k >= kMinNormalExp;
+}
+
+// One element code -> output bits, given the block's DequantFastScale multipliers.
+template <class Fmt, class Out>
+inline typename Out::T DequantizeFast(int32_t code, float m0, float m1) {
+  using E = typename Fmt::E;
+  const int32_t mag = code & E::kMagMask;
+  const uint32_t sign = uint32_t(code >> E::kSignShift) & 1u;
+  const float v = AsFloat(uint32_t(MagnitudeToF32<E>(mag)));
+  const float y = Fmt::kFormat == kNvfp4 ? (v * m0) * m1 : v * m0;
+  uint32_t r = uint32_t(Out::FromF32(int32_t(AsBits(y)))) | (sign << Out::kSignShift);
+  r = Fmt::IsInf(mag) ? (Out::kInf | (sign << Out::kSignShift)) : r;
+  r = Fmt::IsNaN(mag) ? Out::kNaN : r;
+  return typename Out::T(r);
+}
+
+}  // namespace gpuext::formats::cpu
