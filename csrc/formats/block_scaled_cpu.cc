@@ -339,6 +339,7 @@ Status Dispatch(const Args& args, FloatType t, const TaskRunner* runner) {
     case kMxfp8E4m3: return run(MxE4M3{});
     case kMxfp8E5m2: return run(MxE5M2{});
     case kNvfp4: return run(Nvfp4{});
+    case kMxfp4: return run(Mxfp4{});
     case kFp8Blockwise1x128: return run(Fp8Scaled<kFp8Blockwise1x128>{});
     case kFp8Blockwise128x128: return run(Fp8Scaled<kFp8Blockwise128x128>{});
     case kFp8PerTensor: return run(Fp8Scaled<kFp8PerTensor>{});

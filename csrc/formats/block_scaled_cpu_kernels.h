@@ -134,6 +134,13 @@ struct MxE5M2 {
   static bool IsNaN(int32_t mag) { return mag > 0x7C; }
   static bool IsInf(int32_t mag) { return mag == 0x7C; }
 };
+struct Mxfp4 {  // OCP MX v1.0 MXFP4: E2M1 (no NaN or Inf codes) with E8M0 scales per 32
+  static constexpr int32_t kFormat = kMxfp4;
+  using E = E2M1;
+  static constexpr bool kPow2 = true;
+  static bool IsNaN(int32_t) { return false; }
+  static bool IsInf(int32_t) { return false; }
+};
 struct Nvfp4 {
   static constexpr int32_t kFormat = kNvfp4;
   using E = E2M1;
@@ -223,14 +230,16 @@ inline bool DequantFastScale(uint32_t scale, uint32_t g, float* m0, float* m1) {
     if ((scale & 0x7Fu) == E4M3Format().nan_code || GlobalScaleInvalid(g)) return false;
     const uint32_t sfield = (scale >> 3) & 0xFu;
     const int32_t sk = sfield == 0 ? -9 : int32_t(sfield) - 7;  // a lower bound for subnormal codes
-    *m0 = AsFloat(uint32_t(MagnitudeToF32<E4M3>(int32_t(scale & 0x7Fu))));  // sign ignored, as the rules
+    // The scale's sign rides on m0: data x scale, so a negative (hand-built) scale flips the
+    // result's sign, zeros included (DequantizeElement's rule; DequantizeFast applies it).
+    *m0 = AsFloat(uint32_t(MagnitudeToF32<E4M3>(int32_t(scale & 0x7Fu))) | ((scale & 0x80u) << 24));
     *m1 = AsFloat(g);
     const int32_t gk = int32_t((g >> 23) & 0xFFu) - 127;
     return (scale & 0x7Fu) == 0 || sk + gk + min_elem_k >= kMinNormalExp;
   }
   const uint32_t a = scale & kF32AbsMask;
   const int32_t k = int32_t(a >> 23) - 127;
-  *m0 = AsFloat(a);
+  *m0 = AsFloat(scale);  // with its sign, as for NVFP4 above
   return k > -127 && k < 128 && k + min_elem_k >= kMinNormalExp;
 }
 
@@ -242,7 +251,10 @@ inline typename Out::T DequantizeFast(int32_t code, float m0, float m1) {
   const uint32_t sign = uint32_t(code >> E::kSignShift) & 1u;
   const float v = AsFloat(uint32_t(MagnitudeToF32<E>(mag)));
   const float y = Fmt::kFormat == kNvfp4 ? (v * m0) * m1 : v * m0;
-  uint32_t r = uint32_t(Out::FromF32(int32_t(AsBits(y)))) | (sign << Out::kSignShift);
+  // A negative scale makes y negative (a zero element -0): fold that sign into the code's.
+  const uint32_t yb = AsBits(y);
+  const uint32_t s = sign ^ (yb >> 31);
+  uint32_t r = uint32_t(Out::FromF32(int32_t(yb & kF32AbsMask))) | (s << Out::kSignShift);
   r = Fmt::IsInf(mag) ? (Out::kInf | (sign << Out::kSignShift)) : r;
   r = Fmt::IsNaN(mag) ? Out::kNaN : r;
   return typename Out::T(r);
