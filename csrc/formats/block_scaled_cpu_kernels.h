@@ -57,7 +57,10 @@ using F16 = Elem<F16Format>;
 template <class E>
 inline int32_t RoundMagnitude(int32_t b, int32_t limit) {
   constexpr int32_t drop = 23 - E::kMbits;
-  const int32_t normal = ((b + ((1 << (drop - 1)) - 1) + ((b >> drop) & 1)) >> drop) - E::kRebias;
+  // Unsigned: b may be a NaN's bits in a lane the caller discards (the vectoriser evaluates both
+  // sides of a select), where a signed sum could overflow; for b <= 0x7FFFFFFF no bit differs.
+  const uint32_t ub = uint32_t(b);
+  const int32_t normal = int32_t((ub + ((1u << (drop - 1)) - 1u) + ((ub >> drop) & 1u)) >> drop) - E::kRebias;
   const int32_t sub = int32_t(AsBits(AsFloat(uint32_t(b)) + AsFloat(E::kMagicBits))) - E::kMagicBits;
   const int32_t code = b >= E::kMinNormalBits ? normal : sub;
   return code < limit ? code : limit;
@@ -107,7 +110,10 @@ struct OutBF16 {
   using T = uint16_t;
   static constexpr int32_t kSignShift = 15;
   static constexpr uint32_t kInf = 0x7F80, kNaN = BF16Format().nan_code;
-  static T FromF32(int32_t b) { return T((b + 0x7FFF + ((b >> 16) & 1)) >> 16); }
+  static T FromF32(int32_t b) {  // unsigned for the same reason as RoundMagnitude
+    const uint32_t ub = uint32_t(b);
+    return T((ub + 0x7FFFu + ((ub >> 16) & 1u)) >> 16);
+  }
 };
 struct OutF16 {
   using T = uint16_t;
@@ -219,6 +225,7 @@ template <class Fmt>
 inline bool DequantFastScale(uint32_t scale, uint32_t g, float* m0, float* m1) {
   using E = typename Fmt::E;
   constexpr int32_t min_elem_k = E::kEmin - E::kMbits;  // the smallest subnormal's exponent
+  *m0 = 1.0f;  // defined even for blocks that take the scalar rules (their lanes are discarded)
   *m1 = 1.0f;
   if (Fmt::kPow2) {
     if (scale == kE8M0NaN) return false;
