@@ -153,7 +153,12 @@ def test_simulated_h100_without_results_all_reduce_and_place_use_xla(h100):
     ex, jaxpr = _cuda_calls(lambda v: gx.place(v, gx.MemorySpace.COLLECTIVE), jnp.ones(4))
     (call,) = ex.calls
     assert call.chosen == "xla" and "gpuext_memory_space_call" not in jaxpr
-    _check_passed_over(call, ["custom_call", "identity"])
+    # Below jaxlib 0.10 the custom_call backend's own gate rejects it first (CI's jax 0.7.0 leg): the
+    # verified gate only passes over a backend whose other gates are open.
+    memory_gate = gates.check("jaxlib_custom_call_memory_spaces")
+    _check_passed_over(call, ["custom_call", "identity"] if memory_gate else ["identity"])
+    if not memory_gate:
+        assert "jaxlib_custom_call_memory_spaces" in dict(call.rejected)["custom_call"]
     assert any("not applied" in n for n in call.notes)
 
 
