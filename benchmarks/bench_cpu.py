@@ -5,7 +5,8 @@ as ratios against baselines measured in this process and run:
   quantizer is compared with; target: ``quantize`` through ``auto`` >= 0.5x it for MXFP8, NVFP4,
   FP8_1x128),
 - our jnp reference (``backend="reference"``) and, where this jax has them, jax.nn's quantizer,
-- ``jax.nn.scaled_dot_general`` forward + backward (target: MXFP8 >= 1.0x it).
+- ``block_scaled_dot`` through its two exact CPU paths (the f32 reference, XLA's bf16 dot),
+- ``jax.nn.scaled_dot_general`` forward + backward (target: MXFP8 through ``auto`` >= 1.0x it).
 
     python benchmarks/bench_cpu.py [--quick] [--out FILE.json] [--iters N]
 
@@ -94,9 +95,39 @@ def quantize_rows(x, iters: int):
     return rows
 
 
+def dot_rows(n: int, iters: int):
+    """block_scaled_dot on [n, n] x [n, n] per format pair, through each exact CPU path: the f32
+    reference and XLA's own path (bf16 dot with f32 accumulation for MX / NVFP4)."""
+    import jax
+    import jax.numpy as jnp
+
+    import jax_gpuext as gx
+    from jax_gpuext import backends
+    from jax_gpuext import dot as dot_mod
+
+    kx, kw = jax.random.split(jax.random.key(2))
+    x = jax.random.normal(kx, (n, n), jnp.float32)
+    w = jax.random.normal(kw, (n, n), jnp.float32)
+    rows = []
+    for lf, rf in ((gx.MXFP8_E4M3, gx.MXFP8_E4M3), (gx.MXFP4, gx.MXFP4), (gx.NVFP4, gx.NVFP4),
+                   (gx.FP8_TENSOR, gx.FP8_TENSOR), (gx.FP8_1x128, gx.FP8_128x128)):
+        qx, qw = gx.quantize(x, lf), gx.quantize(w, rf)
+        p = dot_mod._problem(qx, qw, None, jnp.dtype(jnp.float32))
+        chosen = backends.select(dot_mod.OP, "auto", problem=p).chosen
+        t = {b: _time(jax.jit(lambda a, c, b=b: gx.block_scaled_dot(a, c, preferred_element_type=jnp.float32,
+                                                                     backend=b)), qx, qw, iters=iters)
+             for b in ("reference", "xla")}
+        rows.append({"format": f"{lf.name} x {rf.name}", "n": n, "auto_backend": chosen,
+                     "fastest_exact": min(t, key=t.get), "reference_ms": t["reference"] * 1e3,
+                     "xla_ms": t["xla"] * 1e3})
+    return rows
+
+
 def training_rows(n: int, iters: int):
-    """MXFP8 scaled_dot_general forward + backward (grad of a sum w.r.t. both operands) against
-    jax.nn.scaled_dot_general on the same bf16 operands, both jit-compiled."""
+    """MXFP8 scaled_dot_general forward + backward (value and grad of 0.5 * sum(out^2) w.r.t. both
+    operands: the forward runs and the cotangent is data) against jax.nn.scaled_dot_general on the
+    same bf16 operands, both jit-compiled. (A loss of sum(out) would let XLA drop the forward dot
+    and feed a constant cotangent.)"""
     import jax
     import jax.numpy as jnp
 
@@ -108,20 +139,26 @@ def training_rows(n: int, iters: int):
     dn = (((1,), (0,)), ((), ()))
 
     def step(dot):
-        return jax.jit(jax.grad(lambda a, b: jnp.sum(dot(a, b).astype(jnp.float32)), argnums=(0, 1)))
+        def loss(a, b):
+            return 0.5 * jnp.sum(jnp.square(dot(a, b).astype(jnp.float32)))
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
 
-    ours = step(lambda a, b: gx.scaled_dot_general(a, b, dn, preferred_element_type=jnp.bfloat16))
-    t_ours = _time(ours, a, b, iters=iters)
-    row = {"format": "MXFP8_E4M3", "n": n, "ours_s": t_ours, "jax_nn_s": None, "vs_jax_nn": None}
+    nn_s = None
     if hasattr(jax.nn, "scaled_dot_general"):
         # configs=None: jax.nn's default, MXFP8 E4M3 for both operands and the cotangent
         nn = step(lambda a, b: jax.nn.scaled_dot_general(a, b, dn, preferred_element_type=jnp.bfloat16))
-        t_nn = _time(nn, a, b, iters=iters)
-        row.update(jax_nn_s=t_nn, vs_jax_nn=t_nn / t_ours)
-    return [row]
+        nn_s = _time(nn, a, b, iters=iters)
+    rows = []
+    for backend in ("auto", "reference"):
+        ours = step(lambda a, b, be=backend: gx.scaled_dot_general(a, b, dn, preferred_element_type=jnp.bfloat16,
+                                                                    backend=be))
+        t_ours = _time(ours, a, b, iters=iters)
+        rows.append({"format": "MXFP8_E4M3", "backend": backend, "n": n, "ours_s": t_ours, "jax_nn_s": nn_s,
+                     "vs_jax_nn": None if nn_s is None else nn_s / t_ours})
+    return rows
 
 
-def _print_tables(n, qrows, trows):
+def _print_tables(n, qrows, drows, trows):
     import jax
 
     print(f"\n### quantize / dequantize, bf16 [{n}, {n}], jax {jax.__version__}, "
@@ -135,13 +172,20 @@ def _print_tables(n, qrows, trows):
               f"{r['reference_vs_xla_pass']:.2f}x | "
               f"{'-' if r['jax_nn_ms'] is None else format(r['jax_nn_ms'], '.2f')} | "
               f"{r['dequantize_auto_ms']:.2f} | {r['dequantize_auto_vs_xla_pass']:.2f}x |")
-    print("\n### scaled_dot_general forward + backward (ratio = jax.nn time / ours; >= 1.0x is the target)\n")
-    print("| format | shape | ours s | jax.nn s | ratio |")
-    print("|---|---|---|---|---|")
+    print("\n### block_scaled_dot, float32 output (the two exact CPU paths)\n")
+    print("| formats | shape | auto picks | fastest here | reference ms | xla ms |")
+    print("|---|---|---|---|---|---|")
+    for r in drows:
+        print(f"| {r['format']} | {r['n']}x{r['n']} @ {r['n']}x{r['n']} | {r['auto_backend']} | {r['fastest_exact']} | "
+              f"{r['reference_ms']:.1f} | {r['xla_ms']:.1f} |")
+    print("\n### scaled_dot_general forward + backward (ratio = jax.nn time / ours; >= 1.0x is the target for auto)\n")
+    print("| format | backend | shape | ours s | jax.nn s | ratio |")
+    print("|---|---|---|---|---|---|")
     for r in trows:
         nn = "-" if r["jax_nn_s"] is None else f"{r['jax_nn_s']:.3f}"
         ratio = "- (no jax.nn.scaled_dot_general)" if r["vs_jax_nn"] is None else f"{r['vs_jax_nn']:.2f}x"
-        print(f"| {r['format']} | {r['n']}x{r['n']} @ {r['n']}x{r['n']} | {r['ours_s']:.3f} | {nn} | {ratio} |")
+        print(f"| {r['format']} | {r['backend']} | {r['n']}x{r['n']} @ {r['n']}x{r['n']} | {r['ours_s']:.3f} | {nn} | "
+              f"{ratio} |")
 
 
 def main(argv=None) -> int:
@@ -169,11 +213,12 @@ def main(argv=None) -> int:
     iters = args.iters or (3 if args.quick else 5)
     x = jax.random.normal(jax.random.key(0), (n, n), jnp.bfloat16)
     qrows = quantize_rows(x, iters)
+    drows = dot_rows(n // 2 if args.quick else n, iters)
     trows = training_rows(n // 2 if args.quick else n, iters)
-    _print_tables(n, qrows, trows)
+    _print_tables(n, qrows, drows, trows)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"benchmark": "bench_cpu", "rows": qrows + trows,
+            json.dump({"benchmark": "bench_cpu", "rows": qrows + drows + trows,
                        "notes": [f"jax {jax.__version__}", f"{os.cpu_count()} CPUs", f"iters {iters} (median)"]},
                       f, indent=1)
     return 0

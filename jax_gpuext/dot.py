@@ -461,9 +461,13 @@ def _quantize(x, fmt, axis=-1):
 
 
 def _canonical_scaled(a, b, fa, fb, out_dtype, backend):
-    """(B, M, K) x (B, N, K) -> (B, M, N), both quantized along K here."""
-    qa, qb = _quantize(a, fa), _quantize(b, fb)
-    return block_scaled_dot(qa, qb, (((2,), (2,)), ((0,), (0,))), preferred_element_type=out_dtype,
+    """(B, M, K) x (B, K, N) -> (B, M, N): a quantized along its last axis, b along its rows.
+
+    b is (B, K, N) because that is how ``x @ w`` holds its weight (Flax's Dense kernel is (in,
+    out)): no transposed copy of it goes in, and no transposed gradient comes out.
+    """
+    qa, qb = _quantize(a, fa), _quantize_along_rows(b, fb)
+    return block_scaled_dot(qa, qb, (((2,), (1,)), ((0,), (0,))), preferred_element_type=out_dtype,
                             backend=backend)
 
 
@@ -477,7 +481,7 @@ def _scaled_fwd(a, b, rec, out_dtype, backend):
 
 
 def _quantize_along_rows(x, fmt):
-    """Quantizes canonical ``x (B, R, C)`` along R, where the backward contracts it: blocks along
+    """Quantizes canonical ``x (B, R, C)`` along R, where a dot contracts it: blocks along
     axis -2 in place (the CPU handler's strided path, CUDA's strided kernel) rather than a
     transposed copy quantized along its last axis, which costs a read and a write of x more. The
     blocks, hence the values, are the same. FP8_128x128 tiles and FP8_TENSOR's one scale do not
@@ -487,15 +491,19 @@ def _quantize_along_rows(x, fmt):
 
 
 def _scaled_bwd(rec, out_dtype, backend, res, g):
-    a, b = res  # a (B, M, K), b (B, N, K), g (B, M, N)
-    gdt = jnp.promote_types(g.dtype, jnp.float32)
-    g = g.astype(gdt)
-    # dA[b,m,k] = sum_n g[b,m,n] b[b,n,k]: contract N, so g is quantized along N and b along N.
-    da = block_scaled_dot(_quantize(g, rec.grad), _quantize_along_rows(b, rec.rhs_bwd),
+    a, b = res  # a (B, M, K), b (B, K, N), g (B, M, N)
+    # g is quantized in its own dtype (formats.quantize takes f32/bf16/f16; _quantize narrows
+    # float64): a bf16 -> f32 promotion here would be one more pass with identical blocks.
+    # dA[b,m,k] = sum_n g[b,m,n] b[b,k,n]: contract N, the last axis of both.
+    da = block_scaled_dot(_quantize(g, rec.grad), _quantize(b, rec.rhs_bwd),
+                          (((2,), (2,)), ((0,), (0,))), preferred_element_type=jnp.float32, backend=backend)
+    # dB[b,k,n] = sum_m a^T[b,k,m] g[b,m,n]: contract M, so a^T and g are quantized along M. a^T
+    # is a transposed copy quantized along its last axis (the same blocks as a along M): a dot
+    # whose lhs contracts its leading axis is about 3x slower on XLA:CPU (it converts both
+    # operands to f32 and transposes them; docs/design.md "CPU speed"), and every GPU backend
+    # takes an lhs that contracts its last axis as it is.
+    db = block_scaled_dot(_quantize(jnp.swapaxes(a, 1, 2), rec.lhs_bwd), _quantize_along_rows(g, rec.grad),
                           (((2,), (1,)), ((0,), (0,))), preferred_element_type=jnp.float32, backend=backend)
-    # dB[b,n,k] = sum_m g[b,m,n] a[b,m,k]: contract M, so g and a are quantized along M.
-    db = block_scaled_dot(_quantize_along_rows(g, rec.grad), _quantize_along_rows(a, rec.lhs_bwd),
-                          (((1,), (1,)), ((0,), (0,))), preferred_element_type=jnp.float32, backend=backend)
     return da.astype(a.dtype), db.astype(b.dtype)
 
 
@@ -545,8 +553,8 @@ def scaled_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_el
     bsz = math.prod(lhs.shape[d] for d in lb)
     a = jnp.transpose(lhs, lb + lfree + lc).reshape(bsz, -1, lhs.shape[lc[0]]) if lhs.size else \
         jnp.zeros((bsz, math.prod(lhs.shape[d] for d in lfree), lhs.shape[lc[0]]), lhs.dtype)
-    b = jnp.transpose(rhs, rb + rfree + rc).reshape(bsz, -1, rhs.shape[rc[0]]) if rhs.size else \
-        jnp.zeros((bsz, math.prod(rhs.shape[d] for d in rfree), rhs.shape[rc[0]]), rhs.dtype)
+    b = jnp.transpose(rhs, rb + rc + rfree).reshape(bsz, rhs.shape[rc[0]], -1) if rhs.size else \
+        jnp.zeros((bsz, rhs.shape[rc[0]], math.prod(rhs.shape[d] for d in rfree)), rhs.dtype)
     out = _scaled_canonical(a, b, rec, out_dtype, backend)
     shape = ([lhs.shape[d] for d in lb] + [lhs.shape[d] for d in lfree] + [rhs.shape[d] for d in rfree])
     out = out.reshape(shape)

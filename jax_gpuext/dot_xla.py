@@ -1,6 +1,8 @@
 """Backend ``xla`` of ``block_scaled_dot``: XLA's own path, as fast as XLA gets, no custom call.
 
-What ``auto`` runs on a GPU where none of our kernels is verified (``jax_gpuext.verified``):
+What ``auto`` runs on a GPU where none of our kernels is verified (``jax_gpuext.verified``),
+and on CPU for MX and NVFP4 operands (measured about twice as fast there as the f32 reference:
+XLA:CPU runs the bf16 dot on the CPU's bf16 dot-product instructions; docs/design.md "CPU speed"):
 
 - MX (E8M0 block scales: MXFP8 E4M3 / E5M2, and any MX element type) and NVFP4: each operand
   dequantized to bfloat16 and one XLA dot with float32 accumulation
@@ -140,9 +142,14 @@ def impl(lhs, rhs, p: _dot.DotProblem, sel) -> jax.Array:
 
 
 def _prefers(p) -> GateResult:
-    if backends.current_platform() == "cpu":
-        return GateResult(False, "on CPU the exact float32 reference is taken (XLA:CPU has no bf16 / FP8 "
-                                 "matmul units to gain from); name backend='xla' to run it")
+    """On CPU, ``auto`` takes this path where it was measured faster than the float32 reference
+    (benchmarks/bench_cpu.py prints both; docs/design.md "CPU speed"): MX and NVFP4, whose bf16
+    dot with f32 accumulation runs at about twice the f32 dot's speed on XLA:CPU (bf16 matmul
+    instructions where the CPU has them). FP8_TENSOR's FP8 dot was slower there than the
+    reference and FP8 blockwise is the reference, so both stay on it."""
+    if backends.current_platform() == "cpu" and p.lhs_format.family in ("fp8_tensor", "fp8_block"):
+        return GateResult(False, "on CPU the float32 reference is taken for FP8_TENSOR / FP8 blockwise (measured "
+                                 "no slower); name backend='xla' to run it")
     return GateResult(True, "")
 
 
@@ -152,4 +159,4 @@ def register() -> None:
         "xla", ("cuda", "cpu"), (),
         "XLA only: MX / NVFP4 dequantized to bf16 + XLA dot with f32 accumulation (f32 where bf16 is not "
         "exact); FP8_TENSOR through XLA's FP8 dot; FP8 blockwise on the f32 reference",
-        takes="every format pair of one family, any shape; auto: CUDA only", prefers=_prefers), impl)
+        takes="every format pair of one family, any shape; auto on CPU: MX and NVFP4 only", prefers=_prefers), impl)

@@ -20,6 +20,7 @@ namespace {
 using namespace cpu;
 
 constexpr int64_t kChunk = 512;  // columns per strided step; codes per packing buffer
+constexpr int64_t kPerTensorChunk = kChunk * 16;  // FP8_TENSOR: elements per parallel unit
 
 // Codes of elements [e0, e0 + n) into the element buffer: bytes, or FP4 nibbles (element 2i low).
 // Edge nibbles are read-modify-write; callers split work only at even elements, so no byte
@@ -93,7 +94,7 @@ struct Quantize {
   }
 
   // Units: blocks (o, b) with the quantized axis last; blocks along K are contiguous.
-  void Contiguous(int64_t begin, int64_t end) const {
+  GPUEXT_CPU_HOT void Contiguous(int64_t begin, int64_t end) const {
     const BlockScaledGeometry& g = a.geo;
     const int64_t nb = g.blocks_along();
     for (int64_t u = begin; u < end; ++u) {
@@ -106,7 +107,7 @@ struct Quantize {
   }
 
   // Units: block rows (o, b) of a non-last quantized axis; columns i run in lanes.
-  void Strided(int64_t begin, int64_t end) const {
+  GPUEXT_CPU_HOT void Strided(int64_t begin, int64_t end) const {
     const BlockScaledGeometry& g = a.geo;
     const int64_t nb = g.blocks_along();
     using S = std::conditional_t<sizeof(T) == 4, int32_t, int16_t>;
@@ -152,7 +153,7 @@ struct Quantize {
   }
 
   // Units: rows of 128x128 tiles (o, br).
-  void Tiles(int64_t begin, int64_t end) const {
+  GPUEXT_CPU_HOT void Tiles(int64_t begin, int64_t end) const {
     const BlockScaledGeometry& g = a.geo;
     const int64_t nbr = g.blocks_along(), nbc = g.block_cols();
     std::vector<uint32_t> amax(static_cast<size_t>(nbc));
@@ -176,29 +177,32 @@ struct Quantize {
     }
   }
 
+  // FP8_TENSOR's chunks [b, e) of kPerTensorChunk elements of the tensor at base: their amax, then their codes.
+  GPUEXT_CPU_HOT void ChunkAmax(int64_t base, int64_t b, int64_t e, uint32_t* part) const {
+    for (int64_t c = b; c < e; ++c) {
+      const int64_t lo = c * kPerTensorChunk, hi = std::min(a.geo.k, lo + kPerTensorChunk);
+      part[c] = AbsMaxF32<In>(x + base + lo, hi - lo);
+    }
+  }
+  GPUEXT_CPU_HOT void ChunkRun(int64_t base, int64_t b, int64_t e, const BlockScale& s) const {
+    for (int64_t c = b; c < e; ++c) {
+      const int64_t lo = c * kPerTensorChunk, hi = std::min(a.geo.k, lo + kPerTensorChunk);
+      Run(base + lo, hi - lo, s);
+    }
+  }
+
   // FP8_TENSOR: one block per tensor, split in chunks for the amax and again for the rounding.
   void PerTensor(const TaskRunner* runner) const {
     const BlockScaledGeometry& g = a.geo;
-    const int64_t chunks = (g.k + kChunk * 16 - 1) / (kChunk * 16);
+    const int64_t chunks = (g.k + kPerTensorChunk - 1) / kPerTensorChunk;
     std::vector<uint32_t> part(static_cast<size_t>(chunks));
     for (int64_t o = 0; o < g.outer; ++o) {
       const int64_t base = o * g.k;
-      auto chunk_range = [&](int64_t c) { return std::make_pair(c * kChunk * 16, std::min(g.k, (c + 1) * kChunk * 16)); };
-      ParallelFor(runner, chunks, 1, kChunk * 16, [&](int64_t b, int64_t e) {
-        for (int64_t c = b; c < e; ++c) {
-          const auto [lo, hi] = chunk_range(c);
-          part[size_t(c)] = AbsMaxF32<In>(x + base + lo, hi - lo);
-        }
-      });
+      ParallelFor(runner, chunks, 1, kPerTensorChunk, [&](int64_t b, int64_t e) { ChunkAmax(base, b, e, part.data()); });
       const uint32_t amax = chunks ? *std::max_element(part.begin(), part.end()) : 0u;
       const BlockScale s = Scale(amax, o);
       StoreScale(a.scale, Fmt::kFormat, o, s.stored);
-      ParallelFor(runner, chunks, 1, kChunk * 16, [&](int64_t b, int64_t e) {
-        for (int64_t c = b; c < e; ++c) {
-          const auto [lo, hi] = chunk_range(c);
-          Run(base + lo, hi - lo, s);
-        }
-      });
+      ParallelFor(runner, chunks, 1, kPerTensorChunk, [&](int64_t b, int64_t e) { ChunkRun(base, b, e, s); });
     }
   }
 
@@ -247,7 +251,7 @@ struct Dequantize {
     }
   }
 
-  void Contiguous(int64_t begin, int64_t end) const {
+  GPUEXT_CPU_HOT void Contiguous(int64_t begin, int64_t end) const {
     const BlockScaledGeometry& g = a.geo;
     const int64_t nb = g.blocks_along();
     for (int64_t u = begin; u < end; ++u) {
@@ -257,7 +261,7 @@ struct Dequantize {
     }
   }
 
-  void Strided(int64_t begin, int64_t end) const {
+  GPUEXT_CPU_HOT void Strided(int64_t begin, int64_t end) const {
     const BlockScaledGeometry& g = a.geo;
     const int64_t nb = g.blocks_along();
     const BitFormat out = OutputFormat(a.out_type);
@@ -289,8 +293,17 @@ struct Dequantize {
     }
   }
 
+  // Units: chunks of kPerTensorChunk elements of FP8_TENSOR tensors (chunks per tensor).
+  GPUEXT_CPU_HOT void Chunks(int64_t chunks, int64_t begin, int64_t end) const {
+    const BlockScaledGeometry& g = a.geo;
+    for (int64_t c = begin; c < end; ++c) {
+      const int64_t o = c / chunks, lo = (c % chunks) * kPerTensorChunk;
+      Run(o * g.k + lo, std::min(kPerTensorChunk, g.k - lo), LoadScale(a.scale, Fmt::kFormat, o), kF32One);
+    }
+  }
+
   // Units: rows of elements (o, r) of FP8_128x128; each row is runs of 128 with one scale each.
-  void TileRows(int64_t begin, int64_t end) const {
+  GPUEXT_CPU_HOT void TileRows(int64_t begin, int64_t end) const {
     const BlockScaledGeometry& g = a.geo;
     const int64_t nbr = g.blocks_along(), nbc = g.block_cols();
     for (int64_t u = begin; u < end; ++u) {
@@ -306,13 +319,8 @@ struct Dequantize {
     if (g.two_d()) {
       ParallelFor(runner, g.outer * g.k, 1, g.cols, [&](int64_t b, int64_t e) { TileRows(b, e); });
     } else if (g.per_tensor()) {  // one scale per tensor: any split of a tensor is independent
-      const int64_t span = kChunk * 16, chunks = (g.k + span - 1) / span;
-      ParallelFor(runner, g.outer * chunks, 1, span, [&](int64_t b, int64_t e) {
-        for (int64_t c = b; c < e; ++c) {
-          const int64_t o = c / chunks, lo = (c % chunks) * span;
-          Run(o * g.k + lo, std::min(span, g.k - lo), LoadScale(a.scale, Fmt::kFormat, o), kF32One);
-        }
-      });
+      const int64_t chunks = (g.k + kPerTensorChunk - 1) / kPerTensorChunk;
+      ParallelFor(runner, g.outer * chunks, 1, kPerTensorChunk, [&](int64_t b, int64_t e) { Chunks(chunks, b, e); });
     } else if (g.inner == 1) {
       ParallelFor(runner, g.outer * g.blocks_along(), 1, g.block, [&](int64_t b, int64_t e) { Contiguous(b, e); });
     } else {

@@ -21,6 +21,20 @@
 
 #include "csrc/formats/block_scaled_math.h"
 
+// The loops that touch every element are compiled twice on x86-64 with GCC: for x86-64-v3
+// (AVX2: 8 fp32 lanes, 2x the baseline's SSE2 width) and for the baseline, picked once at load
+// time by the CPU (an ifunc). `flatten` inlines the per-element functions above into each clone,
+// so they are compiled for that clone's ISA; the header's own functions stay baseline (no
+// ODR mix). The bits are the same either way: integer ops and single IEEE operations, no FMA
+// (-ffp-contract=off). x86-64-v4 (AVX-512) was measured slower for NVFP4's 16-blocks
+// (docs/design.md "CPU speed"). GPUEXT_CPU_NO_MULTIVERSION builds the baseline alone.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11 && \
+    !defined(GPUEXT_CPU_NO_MULTIVERSION)
+#define GPUEXT_CPU_HOT __attribute__((target_clones("arch=x86-64-v3", "default"), flatten))
+#else
+#define GPUEXT_CPU_HOT __attribute__((flatten))
+#endif
+
 namespace gpuext::formats::cpu {
 
 inline float AsFloat(uint32_t b) {
