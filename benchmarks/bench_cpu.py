@@ -25,11 +25,19 @@ import sys
 import time
 
 
+WARMUP_CALLS = 8  # see _time
+
+
 def _time(fn, *args, iters: int) -> float:
-    """Median seconds per call, after a warm-up call."""
+    """Median seconds per call in steady state. The warm-up calls matter: the first few calls of
+    any jitted function on XLA:CPU get fresh pages for their outputs from the kernel (page faults
+    and zeroing: `x * 2` over 8 MB takes 2-4 ms cold and 0.3 ms warm on the dev machine), which
+    would make every ratio against that baseline look several times better than a training loop
+    sees."""
     import jax
 
-    jax.block_until_ready(fn(*args))
+    for _ in range(WARMUP_CALLS):
+        jax.block_until_ready(fn(*args))
     samples = []
     for _ in range(iters):
         t0 = time.perf_counter()
@@ -210,7 +218,7 @@ def main(argv=None) -> int:
         print(f"bench_cpu: needs the CPU extension jax_gpuext._cpu ({ok.reason}); refusing to run", file=sys.stderr)
         return 2
     n = 1024 if args.quick else 2048
-    iters = args.iters or (3 if args.quick else 5)
+    iters = args.iters or (5 if args.quick else 15)
     x = jax.random.normal(jax.random.key(0), (n, n), jnp.bfloat16)
     qrows = quantize_rows(x, iters)
     drows = dot_rows(n // 2 if args.quick else n, iters)

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "csrc/common/parallel.h"
@@ -48,8 +49,10 @@ const uint8_t* LoadCodes(const void* data, bool packed, int64_t e0, int64_t n, u
   return buf;
 }
 
-template <class In>
+// N > 0: n is N, known at compile time (a whole block), so the loop is straight-line vector code.
+template <class In, int64_t N = 0>
 uint32_t AbsMaxF32(const typename In::T* x, int64_t n) {
+  if constexpr (N > 0) n = N;
   // Signed compare: |bits| < 2^31 (2^15 for 16-bit inputs), and SSE2 has signed max/compare only.
   using S = std::conditional_t<sizeof(typename In::T) == 4, int32_t, int16_t>;
   S m = 0;
@@ -68,6 +71,7 @@ uint32_t GlobalBits(const BlockScaledGeometry& g, const float* gs, int64_t o) {
 template <class Fmt, class In>
 struct Quantize {
   using T = typename In::T;
+  static constexpr bool kBf16Pow2 = std::is_same_v<In, InBF16> && Fmt::kPow2;  // QuantizeBf16Pow2 applies
   const QuantizeArgs& a;
   const T* x = static_cast<const T*>(a.x);
 
@@ -75,8 +79,10 @@ struct Quantize {
     return BlockScaleOf<Fmt>(amax, a.scale_rounding, GlobalBits(a.geo, a.global_scale, o));
   }
 
-  // n contiguous elements from e0 sharing the block scale s.
+  // n contiguous elements from e0 sharing the block scale s (N > 0: n is N, a whole block).
+  template <int64_t N = 0>
   void Run(int64_t e0, int64_t n, const BlockScale& s) const {
+    if constexpr (N > 0) n = N;
     float p = 1.0f;
     const bool fast = QuantFastScale<Fmt>(s, &p);
     uint8_t buf[kChunk];
@@ -85,7 +91,14 @@ struct Quantize {
       const T* xs = x + e0 + c;
       uint8_t* out = a.geo.fp4_packed ? buf : static_cast<uint8_t*>(a.data) + e0 + c;
       if (fast) {
-        for (int64_t i = 0; i < m; ++i) out[i] = QuantizeFast<Fmt>(In::Bits(xs[i]), p);
+        uint16_t slow = 1;
+        if constexpr (kBf16Pow2) {
+          slow = 0;
+          const int16_t kshift = int16_t(s.k * 128);
+          for (int64_t i = 0; i < m; ++i) out[i] = QuantizeBf16Pow2<Fmt>(xs[i], kshift, slow);
+        }
+        if (slow)
+          for (int64_t i = 0; i < m; ++i) out[i] = QuantizeFast<Fmt>(In::Bits(xs[i]), p);
       } else {
         for (int64_t i = 0; i < m; ++i) out[i] = uint8_t(QuantizeElement(Fmt::kFormat, s, uint32_t(In::Bits(xs[i]))));
       }
@@ -97,12 +110,18 @@ struct Quantize {
   GPUEXT_CPU_HOT void Contiguous(int64_t begin, int64_t end) const {
     const BlockScaledGeometry& g = a.geo;
     const int64_t nb = g.blocks_along();
-    for (int64_t u = begin; u < end; ++u) {
-      const int64_t o = u / nb, b = u % nb;
+    for (int64_t u = begin, o = begin / nb, b = begin % nb; u < end; ++u) {
       const int64_t e0 = o * g.k + b * g.block, n = std::min(g.block, g.k - b * g.block);
-      const BlockScale s = Scale(AbsMaxF32<In>(x + e0, n), o);
-      StoreScale(a.scale, Fmt::kFormat, u, s.stored);
-      Run(e0, n, s);
+      if (Fmt::kBlock > 0 && n == Fmt::kBlock) {  // every block but a row's partial last one
+        const BlockScale s = Scale(AbsMaxF32<In, Fmt::kBlock>(x + e0, n), o);
+        StoreScale(a.scale, Fmt::kFormat, u, s.stored);
+        Run<Fmt::kBlock>(e0, n, s);
+      } else {
+        const BlockScale s = Scale(AbsMaxF32<In>(x + e0, n), o);
+        StoreScale(a.scale, Fmt::kFormat, u, s.stored);
+        Run(e0, n, s);
+      }
+      if (++b == nb) b = 0, ++o;
     }
   }
 
@@ -113,6 +132,7 @@ struct Quantize {
     using S = std::conditional_t<sizeof(T) == 4, int32_t, int16_t>;
     S amax[kChunk];
     float param[kChunk];
+    int16_t kshift[kChunk];  // kBf16Pow2: each lane's k << 7
     BlockScale scales[kChunk];
     uint8_t codes[kChunk];
     for (int64_t u = begin; u < end; ++u) {
@@ -134,12 +154,19 @@ struct Quantize {
           StoreScale(a.scale, Fmt::kFormat, u * g.inner + i0 + i, scales[i].stored);
           param[i] = 1.0f;
           all_fast &= QuantFastScale<Fmt>(scales[i], &param[i]);
+          kshift[i] = int16_t(scales[i].k * 128);  // used only in fast lanes, where |k| <= 126
         }
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t e0 = (o * g.k + k0 + r) * g.inner + i0;
           const T* xs = x + e0;
           uint8_t* out = g.fp4_packed ? codes : static_cast<uint8_t*>(a.data) + e0;
-          for (int64_t i = 0; i < w; ++i) out[i] = QuantizeFast<Fmt>(In::Bits(xs[i]), param[i]);
+          uint16_t slow = 1;
+          if constexpr (kBf16Pow2) {
+            slow = 0;
+            for (int64_t i = 0; i < w; ++i) out[i] = QuantizeBf16Pow2<Fmt>(xs[i], kshift[i], slow);
+          }
+          if (slow)
+            for (int64_t i = 0; i < w; ++i) out[i] = QuantizeFast<Fmt>(In::Bits(xs[i]), param[i]);
           if (!all_fast) {
             float unused;
             for (int64_t i = 0; i < w; ++i)
