@@ -151,6 +151,33 @@ def test_half_inputs_and_outputs_bit_exact(fmt, dtype):
         assert_bits_equal(y, as_bits(expected), f"{fmt.name} {backend} dequantized to {np.dtype(dtype).name}")
 
 
+def every_bf16_up_to(top):
+    """Every bf16 value with |v| <= top (zeros, subnormals, both signs), as float32."""
+    bits = np.arange(0x8000, dtype=np.uint16)
+    v = bits.view(ml_dtypes.bfloat16).astype(np.float32)
+    v = v[np.isfinite(v) & (v <= top)]
+    return np.concatenate([v, -v])
+
+
+@pytest.mark.parametrize("fmt", [gx.MXFP8_E4M3, gx.MXFP8_E5M2, gx.MXFP4, gx.NVFP4, gx.FP8_1x128],
+                         ids=["MXFP8_E4M3", "MXFP8_E5M2", "MXFP4", "NVFP4", "FP8_1x128"])
+@pytest.mark.parametrize("top", [1.0, 3.0 * 2.0 ** -100, 1.5 * 2.0 ** 100], ids=["1", "3e-100", "1.5e100"])
+def test_every_bf16_value_in_a_block_bit_exact(fmt, top):
+    """The CPU handler's bf16 paths (16-bit lanes for MX, batched block scales for all) against
+    the float64 model on every bf16 value up to a block's amax: every tie, every subnormal code.
+    Each block holds `top` once (fixing its scale) and block-1 swept values; along the last axis
+    (whole blocks) and along rows (the strided path)."""
+    b = fmt.block[0]
+    v = every_bf16_up_to(top)
+    v = np.concatenate([v, np.zeros((-len(v)) % (b - 1), np.float32)]).reshape(-1, b - 1)
+    x = np.concatenate([v, np.full((len(v), 1), top, np.float32)], axis=1).astype(ml_dtypes.bfloat16)
+    for axis, arr in ((-1, x), (0, np.ascontiguousarray(x.T))):
+        values, scale, g = expected_quantize(arr, fmt, axis=axis)
+        q = quantizer(fmt, "cpu", axis=axis)(arr)
+        assert_bits_equal(q.data, elem_bits(values, fmt), f"{fmt.name} axis={axis} data")
+        assert_bits_equal(q.scale, scale_bits(scale, fmt), f"{fmt.name} axis={axis} scale")
+
+
 @pytest.mark.parametrize("fmt", [gx.MXFP8_E4M3, gx.MXFP8_E5M2, gx.MXFP4], ids=["MXFP8_E4M3", "MXFP8_E5M2", "MXFP4"])
 def test_ocp_rounding_bit_exact(fmt):
     x = random_blocks(3, 2000, block_shape(fmt), np.float32)

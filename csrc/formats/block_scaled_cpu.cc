@@ -106,22 +106,53 @@ struct Quantize {
     }
   }
 
+  // One block u = (o, b) of a row, n elements from e0.
+  void OneBlock(int64_t u, int64_t o, int64_t e0, int64_t n) const {
+    if (Fmt::kBlock > 0 && n == Fmt::kBlock) {  // every block but a row's partial last one
+      const BlockScale s = Scale(AbsMaxF32<In, Fmt::kBlock>(x + e0, n), o);
+      StoreScale(a.scale, Fmt::kFormat, u, s.stored);
+      Run<Fmt::kBlock>(e0, n, s);
+    } else {
+      const BlockScale s = Scale(AbsMaxF32<In>(x + e0, n), o);
+      StoreScale(a.scale, Fmt::kFormat, u, s.stored);
+      Run(e0, n, s);
+    }
+  }
+
+  // `count` (<= kGroup) whole blocks of row o from block u, element e0: their amaxes, then their
+  // scales in one branch-free pass (SimpleBlockScale: a loop the compiler vectorises; blocks it
+  // declines take BlockScaleOf), then the codes. The scales are BlockScaleOf's exactly.
+  static constexpr int64_t kGroup = 64;
+  void Blocks(int64_t u, int64_t o, int64_t e0, int64_t count) const {
+    constexpr int64_t kB = Fmt::kBlock;
+    uint32_t amax[kGroup], stored[kGroup], m[kGroup], simple[kGroup];
+    int32_t k[kGroup];
+    for (int64_t j = 0; j < count; ++j) amax[j] = AbsMaxF32<In, kB>(x + e0 + j * kB, kB);
+    const uint32_t up = a.scale_rounding == kRoundUp ? 1u : 0u, gbits = GlobalBits(a.geo, a.global_scale, o);
+    for (int64_t j = 0; j < count; ++j) simple[j] = SimpleBlockScale<Fmt>(amax[j], up, gbits, &stored[j], &k[j], &m[j]);
+    for (int64_t j = 0; j < count; ++j) {
+      const BlockScale s = simple[j] ? BlockScale{stored[j], false, k[j], m[j]} : Scale(amax[j], o);
+      StoreScale(a.scale, Fmt::kFormat, u + j, s.stored);
+      Run<kB>(e0 + j * kB, kB, s);
+    }
+  }
+
   // Units: blocks (o, b) with the quantized axis last; blocks along K are contiguous.
   GPUEXT_CPU_HOT void Contiguous(int64_t begin, int64_t end) const {
     const BlockScaledGeometry& g = a.geo;
-    const int64_t nb = g.blocks_along();
-    for (int64_t u = begin, o = begin / nb, b = begin % nb; u < end; ++u) {
-      const int64_t e0 = o * g.k + b * g.block, n = std::min(g.block, g.k - b * g.block);
-      if (Fmt::kBlock > 0 && n == Fmt::kBlock) {  // every block but a row's partial last one
-        const BlockScale s = Scale(AbsMaxF32<In, Fmt::kBlock>(x + e0, n), o);
-        StoreScale(a.scale, Fmt::kFormat, u, s.stored);
-        Run<Fmt::kBlock>(e0, n, s);
+    const int64_t nb = g.blocks_along(), whole = g.k / g.block;  // whole blocks per row
+    for (int64_t u = begin, o = begin / nb, b = begin % nb; u < end;) {
+      int64_t count = 1;
+      const int64_t e0 = o * g.k + b * g.block;
+      if (Fmt::kBlock > 0 && g.block == Fmt::kBlock && b < whole) {
+        count = std::min({end - u, whole - b, kGroup});
+        Blocks(u, o, e0, count);
       } else {
-        const BlockScale s = Scale(AbsMaxF32<In>(x + e0, n), o);
-        StoreScale(a.scale, Fmt::kFormat, u, s.stored);
-        Run(e0, n, s);
+        OneBlock(u, o, e0, std::min(g.block, g.k - b * g.block));
       }
-      if (++b == nb) b = 0, ++o;
+      u += count;
+      b += count;
+      if (b == nb) b = 0, ++o;
     }
   }
 
@@ -133,6 +164,8 @@ struct Quantize {
     S amax[kChunk];
     float param[kChunk];
     int16_t kshift[kChunk];  // kBf16Pow2: each lane's k << 7
+    uint32_t stored[kChunk], ms[kChunk], simple[kChunk];
+    int32_t ks[kChunk];
     BlockScale scales[kChunk];
     uint8_t codes[kChunk];
     for (int64_t u = begin; u < end; ++u) {
@@ -149,8 +182,11 @@ struct Quantize {
           }
         }
         bool all_fast = true;
+        const uint32_t up = a.scale_rounding == kRoundUp ? 1u : 0u, gbits = GlobalBits(g, a.global_scale, o);
+        for (int64_t i = 0; i < w; ++i)  // SimpleBlockScale: see Blocks
+          simple[i] = SimpleBlockScale<Fmt>(In::AbsToF32(uint32_t(amax[i])), up, gbits, &stored[i], &ks[i], &ms[i]);
         for (int64_t i = 0; i < w; ++i) {
-          scales[i] = Scale(In::AbsToF32(uint32_t(amax[i])), o);
+          scales[i] = simple[i] ? BlockScale{stored[i], false, ks[i], ms[i]} : Scale(In::AbsToF32(uint32_t(amax[i])), o);
           StoreScale(a.scale, Fmt::kFormat, u * g.inner + i0 + i, scales[i].stored);
           param[i] = 1.0f;
           all_fast &= QuantFastScale<Fmt>(scales[i], &param[i]);

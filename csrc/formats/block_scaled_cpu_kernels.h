@@ -184,32 +184,56 @@ struct Fp8Scaled {  // FP8 blockwise 1x128 / 128x128 and per-tensor: E4M3 with a
 
 inline bool NormalF32(uint32_t b) { return b >= 0x00800000u && b < kF32Inf; }
 
-// ComputeBlockScale by float arithmetic where each operation's operands and result are normal
-// fp32 (so IEEE RN is the rules' unbounded-exponent RN, FTZ or not); anything else (zero,
-// subnormal or special amax, extreme global scales) takes ComputeBlockScale itself. The scalar
-// rules cost ~10x more than the block's elements for NVFP4's 16-blocks.
+// ComputeBlockScale by integer and float arithmetic where each operation's operands and result
+// are normal fp32 (so IEEE RN is the rules' unbounded-exponent RN, FTZ or not); returns 0 where
+// the block needs ComputeBlockScale itself (zero, subnormal or special amax, extreme global
+// scales). Branch-free, with every value defined in every lane, so a loop over blocks vectorises:
+// the scalar rules cost ~10x more than a block's elements for NVFP4's 16-blocks, and per-block
+// branches cost MX along K a third of its time (measured; docs/design.md "CPU speed").
+//  - MX: e = exponent(amax) - max_k + (round up and significand(amax) > max_m), at least -127;
+//  - NVFP4: the E4M3 scale RN-up(amax / (6 g)) (ceil on the E4M3 grid, saturating), times g;
+//  - FP8 blockwise / per-tensor: RN(amax / 448).
 template <class Fmt>
-inline BlockScale BlockScaleOf(uint32_t amax, int32_t rounding, uint32_t g) {
-  if (Fmt::kFormat == kNvfp4 && NormalF32(amax) && !GlobalScaleInvalid(g)) {
+inline uint32_t SimpleBlockScale(uint32_t amax, uint32_t round_up, uint32_t g, uint32_t* stored, int32_t* k,
+                                 uint32_t* m) {
+  if constexpr (Fmt::kPow2) {
+    const ElementRule r = ElementRuleOf(Fmt::kFormat);
+    int32_t e = int32_t(amax >> 23) - 127 - r.max_k + int32_t(round_up & uint32_t(((amax & 0x7FFFFFu) | 0x800000u) > r.max_m));
+    e = e > -kE8M0Bias ? e : -kE8M0Bias;
+    *stored = uint32_t(e + kE8M0Bias);
+    *k = e;
+    *m = 0;
+    return uint32_t(NormalF32(amax));
+  } else if constexpr (Fmt::kFormat == kNvfp4) {
     const uint32_t six_g = AsBits(6.0f * AsFloat(g));
     const float q = AsFloat(amax) / AsFloat(six_g);
     const uint32_t qb = AsBits(q);
-    if (NormalF32(six_g) && NormalF32(qb)) {
-      int32_t code;  // the E4M3 scale, rounded up (ceil on the E4M3 grid), saturating
-      if (qb >= uint32_t(E4M3::kMinNormalBits)) {
-        code = int32_t((qb + 0xFFFFFu) >> 20) - E4M3::kRebias;
-        code = code < 0x7E ? code : 0x7E;
-      } else {
-        const float t = q * 512.0f;  // subnormal steps of 2^-9; exact, t in (0, 8)
-        code = int32_t(t) + (float(int32_t(t)) != t ? 1 : 0);
-      }
-      const uint32_t eff = AsBits(AsFloat(uint32_t(MagnitudeToF32<E4M3>(code))) * AsFloat(g));
-      if (NormalF32(eff)) return BlockScale{uint32_t(code), false, int32_t(eff >> 23) - 127, (eff & 0x7FFFFFu) | 0x800000u};
-    }
-  } else if (!Fmt::kPow2 && Fmt::kFormat != kNvfp4 && NormalF32(amax)) {
-    const uint32_t q = AsBits(AsFloat(amax) / 448.0f);  // FP8 blockwise / per-tensor: RN(amax / 448)
-    if (q >= 0x00800000u) return BlockScale{q, false, int32_t(q >> 23) - 127, (q & 0x7FFFFFu) | 0x800000u};
+    const bool normal_q = qb >= uint32_t(E4M3::kMinNormalBits);
+    int32_t code = int32_t((qb + 0xFFFFFu) >> 20) - E4M3::kRebias;  // ceil on the E4M3 grid
+    code = code < 0x7E ? code : 0x7E;
+    code = code > 0 ? code : 0;  // lanes whose q is not a normal E4M3 value are discarded
+    const float t = (normal_q ? 0.0f : q) * 512.0f;  // subnormal steps of 2^-9; exact, t in [0, 8)
+    const int32_t ti = int32_t(t > 0.0f && t < 8.0f ? t : 0.0f);
+    const int32_t sub = ti + (float(ti) != t && t < 8.0f ? 1 : 0);
+    code = normal_q ? code : sub;
+    const uint32_t eff = AsBits(AsFloat(uint32_t(MagnitudeToF32<E4M3>(code))) * AsFloat(g));
+    *stored = uint32_t(code);
+    *k = int32_t(eff >> 23) - 127;
+    *m = (eff & 0x7FFFFFu) | 0x800000u;
+    return uint32_t(NormalF32(amax) & !GlobalScaleInvalid(g) & NormalF32(six_g) & NormalF32(qb) & NormalF32(eff));
+  } else {
+    const uint32_t q = AsBits(AsFloat(amax) / 448.0f);
+    *stored = q;
+    *k = int32_t(q >> 23) - 127;
+    *m = (q & 0x7FFFFFu) | 0x800000u;
+    return uint32_t(NormalF32(amax) & (q >= 0x00800000u));
   }
+}
+
+template <class Fmt>
+inline BlockScale BlockScaleOf(uint32_t amax, int32_t rounding, uint32_t g) {
+  BlockScale s{0, false, 0, 0};
+  if (SimpleBlockScale<Fmt>(amax, rounding == kRoundUp ? 1u : 0u, g, &s.stored, &s.k, &s.m)) return s;
   return ComputeBlockScale(Fmt::kFormat, rounding, amax, g);
 }
 
