@@ -130,6 +130,30 @@ struct Quantize {
     for (int64_t j = 0; j < count; ++j) amax[j] = AbsMaxF32<In, kB>(x + e0 + j * kB, kB);
     const uint32_t up = a.scale_rounding == kRoundUp ? 1u : 0u, gbits = GlobalBits(a.geo, a.global_scale, o);
     for (int64_t j = 0; j < count; ++j) simple[j] = SimpleBlockScale<Fmt>(amax[j], up, gbits, &stored[j], &k[j], &m[j]);
+    if constexpr (!kBf16Pow2 && kB <= 32) {
+      // Short blocks (NVFP4's 16): one long element loop over the group, each element with its
+      // block's divisor, instead of a 16-element loop per block (vectorised only 4 wide) and a
+      // packing loop per block: measured 1.6x on NVFP4. Only when every block is fast.
+      float p[kGroup];
+      uint32_t all = 1;
+      for (int64_t j = 0; j < count; ++j) {
+        p[j] = 1.0f;
+        all &= simple[j] & uint32_t(QuantFastScale<Fmt>(BlockScale{stored[j], false, k[j], m[j]}, &p[j]));
+      }
+      if (all) {
+        float pe[kGroup * kB];
+        uint8_t codes[kGroup * kB];
+        for (int64_t j = 0; j < count; ++j)
+          for (int64_t t = 0; t < kB; ++t) pe[j * kB + t] = p[j];
+        const T* xs = x + e0;
+        const int64_t n = count * kB;
+        uint8_t* out = a.geo.fp4_packed ? codes : static_cast<uint8_t*>(a.data) + e0;
+        for (int64_t i = 0; i < n; ++i) out[i] = QuantizeFast<Fmt>(In::Bits(xs[i]), pe[i]);
+        if (a.geo.fp4_packed) StoreCodes(a.data, true, e0, codes, n);
+        for (int64_t j = 0; j < count; ++j) StoreScale(a.scale, Fmt::kFormat, u + j, stored[j]);
+        return;
+      }
+    }
     for (int64_t j = 0; j < count; ++j) {
       const BlockScale s = simple[j] ? BlockScale{stored[j], false, k[j], m[j]} : Scale(amax[j], o);
       StoreScale(a.scale, Fmt::kFormat, u + j, s.stored);
