@@ -106,17 +106,12 @@ struct Quantize {
     }
   }
 
-  // One block u = (o, b) of a row, n elements from e0.
+  // One block u = (o, b) of a row, n elements from e0: a row's partial last block (whole blocks
+  // go through Blocks).
   void OneBlock(int64_t u, int64_t o, int64_t e0, int64_t n) const {
-    if (Fmt::kBlock > 0 && n == Fmt::kBlock) {  // every block but a row's partial last one
-      const BlockScale s = Scale(AbsMaxF32<In, Fmt::kBlock>(x + e0, n), o);
-      StoreScale(a.scale, Fmt::kFormat, u, s.stored);
-      Run<Fmt::kBlock>(e0, n, s);
-    } else {
-      const BlockScale s = Scale(AbsMaxF32<In>(x + e0, n), o);
-      StoreScale(a.scale, Fmt::kFormat, u, s.stored);
-      Run(e0, n, s);
-    }
+    const BlockScale s = Scale(AbsMaxF32<In>(x + e0, n), o);
+    StoreScale(a.scale, Fmt::kFormat, u, s.stored);
+    Run(e0, n, s);
   }
 
   // `count` (<= kGroup) whole blocks of row o from block u, element e0: their amaxes, then their
