@@ -178,6 +178,27 @@ def test_every_bf16_value_in_a_block_bit_exact(fmt, top):
         assert_bits_equal(q.scale, scale_bits(scale, fmt), f"{fmt.name} axis={axis} scale")
 
 
+@pytest.mark.parametrize("log2_g", [-126, -125, -124, -123, -110, 100, 119, 120, 122])
+def test_nvfp4_bf16_every_value_at_extreme_divisors(log2_g):
+    """bf16 x NVFP4 rounds by comparing |x| with 7 per-block thresholds computed in double
+    (Nvfp4Bf16Thresholds). Given global scales put the block divisor (E4M3 scale x g) at both
+    ends of the range that path accepts (2^-124 ... 2^126: thresholds past the largest finite
+    bf16 clamp) and past them (the division loop); every bf16 value up to the block's amax."""
+    g = np.float32(2.0**log2_g)
+    # A block amax of up to ~450 x 6g (the E4M3 scale near its top), capped at bf16's largest.
+    tops = [float(np.float32(min(f * 6 * float(g), 3.3e38))) for f in (0.01, 1.0, 300.0)]
+    q_of = jax.jit(lambda v: gx.quantize(v, gx.NVFP4, global_scale=g, backend="cpu"))
+    for top in tops:
+        top = float(np.float32(ml_dtypes.bfloat16(top)))
+        v = every_bf16_up_to(top)
+        v = np.concatenate([v, np.zeros((-len(v)) % 15, np.float32)]).reshape(-1, 15)
+        x = np.concatenate([v, np.full((len(v), 1), top, np.float32)], axis=1).astype(ml_dtypes.bfloat16)
+        values, scale, _ = expected_quantize(x, gx.NVFP4, g=g)
+        q = q_of(x)
+        assert_bits_equal(q.data, elem_bits(values, gx.NVFP4), f"g=2^{log2_g} top={top} data")
+        assert_bits_equal(q.scale, scale_bits(scale, gx.NVFP4), f"g=2^{log2_g} top={top} scale")
+
+
 @pytest.mark.parametrize("fmt", [gx.MXFP8_E4M3, gx.MXFP8_E5M2, gx.MXFP4], ids=["MXFP8_E4M3", "MXFP8_E5M2", "MXFP4"])
 def test_ocp_rounding_bit_exact(fmt):
     x = random_blocks(3, 2000, block_shape(fmt), np.float32)

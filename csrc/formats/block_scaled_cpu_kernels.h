@@ -21,16 +21,22 @@
 
 #include "csrc/formats/block_scaled_math.h"
 
-// The loops that touch every element are compiled twice on x86-64 with GCC: for x86-64-v3
-// (AVX2: 8 fp32 lanes, 2x the baseline's SSE2 width) and for the baseline, picked once at load
-// time by the CPU (an ifunc). `flatten` inlines the per-element functions above into each clone,
-// so they are compiled for that clone's ISA; the header's own functions stay baseline (no
-// ODR mix). The bits are the same either way: integer ops and single IEEE operations, no FMA
-// (-ffp-contract=off). x86-64-v4 (AVX-512) was measured slower for NVFP4's 16-blocks
-// (docs/design.md "CPU speed"). GPUEXT_CPU_NO_MULTIVERSION builds the baseline alone.
+// The loops that touch every element are compiled three times on x86-64 with GCC: for
+// x86-64-v4 (AVX-512: 16 fp32 lanes, masks, narrowing stores), x86-64-v3 (AVX2: 8 fp32 lanes)
+// and the baseline (SSE2), picked once at load time by the CPU (an ifunc). `flatten` inlines
+// the per-element functions above into each clone, so they are compiled for that clone's ISA;
+// the header's own functions stay baseline (no ODR mix). The bits are the same in every clone:
+// integer ops and single IEEE operations, no FMA (-ffp-contract=off). Measured (docs/design.md
+// "CPU speed"): the v4 clone 0-26% faster than v3 for every format. GPUEXT_CPU_NO_AVX512 drops
+// the v4 clone (CI's sanitizer leg, so the v3 clone is tested on an AVX-512 machine too);
+// GPUEXT_CPU_NO_MULTIVERSION builds the baseline alone.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11 && \
     !defined(GPUEXT_CPU_NO_MULTIVERSION)
+#if defined(GPUEXT_CPU_NO_AVX512) || __GNUC__ < 12  // GCC 12: the first with x86-64-v4 clones
 #define GPUEXT_CPU_HOT __attribute__((target_clones("arch=x86-64-v3", "default"), flatten))
+#else
+#define GPUEXT_CPU_HOT __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"), flatten))
+#endif
 #else
 #define GPUEXT_CPU_HOT __attribute__((flatten))
 #endif
@@ -300,6 +306,76 @@ inline uint8_t QuantizeBf16Pow2(uint16_t bits, int16_t kshift, uint16_t& slow) {
   code = v >= int16_t(P::kMinNormal) ? code : sub;
   code = code < int16_t(E::kF.max_code) ? code : int16_t(E::kF.max_code);
   return uint8_t(uint16_t(code) | uint16_t((bits >> 15) << E::kSignShift));
+}
+
+// ------------------------------------------------------------------------ bf16 x NVFP4
+// NVFP4 blocks of bf16 input, without a division per element. The E2M1 code of RN(a / p)
+// (a = |x|, p the block's divisor) is a non-decreasing function of a taking the values 0..7,
+// so it is the number of its 7 steps that a passes: code = #{i : a > U_i}, U_i the largest bf16
+// value whose code is below i. For a bf16 block that is 7 compares on 16-bit lanes (16
+// elements, one AVX2 register: NVFP4's whole block) instead of 16 divisions and the rounding.
+//
+// The steps, from E2M1's round-to-nearest-even (ties go to the even code):
+//   code >= 1 iff RN(a/p) > 0.25,  >= 2 iff RN(a/p) >= 0.75,  >= 3 iff > 1.25,  >= 4 iff >= 1.75,
+//   >= 5 iff > 2.5,  >= 6 iff >= 3.5,  >= 7 iff > 5 (6 and above saturate at code 7).
+// For t one of those values (exact in fp32, not a power of two, last significand bit 0), fp32's
+// own RN turns them into bounds on a/p itself: RN(y) > t iff y > t + ulp(t)/2 (a tie goes to t,
+// the even one), RN(y) >= t iff y >= t - ulp(t)/2 (a tie goes to t). So step i is a > d_i or
+// a >= d_i with d_i = bound_i * p: 25 times 24 significant bits, exact in double. And d_i is
+// never a bf16 value (bound_i is an odd integer of 25 bits times a power of two, so d_i has at
+// least 25 significant bits), so both read a > U_i with U_i the largest bf16 below d_i.
+// No FTZ/DAZ concern: every d_i is a normal double. tests/test_formats.py sweeps every bf16
+// value of a block at the smallest and largest divisors the path takes.
+inline constexpr double kNvfp4Bounds[7] = {0.25 + 0x1p-26, 0.75 - 0x1p-25, 1.25 + 0x1p-24, 1.75 - 0x1p-24,
+                                           2.5 + 0x1p-23,  3.5 - 0x1p-23,  5.0 + 0x1p-22};
+
+// Threshold U_i (bf16 bits, as int16) of n blocks with divisors p: a loop over blocks that the
+// compiler vectorises. Valid where QuantFastScale accepts each block (2^-124 <= p < 2^127):
+// then d_i >= 2^-126, in the normal bf16 range, where the largest bf16 below d is d's double
+// bits shifted right by 45 and rebiased (1023 -> 127); a d_i past the largest finite bf16 (only
+// for p >= 2^125.7, which a block's RN-up E4M3 scale times g does not reach) clamps to it.
+inline void Nvfp4Bf16Thresholds(int i, const float* p, int64_t n, int16_t* u) {
+  const double bound = kNvfp4Bounds[i];
+  for (int64_t j = 0; j < n; ++j) {
+    const double d = bound * double(p[j]);
+    uint64_t b;
+    std::memcpy(&b, &d, 8);
+    const int64_t t = int64_t((b - (uint64_t(1023 - 127) << 52)) >> 45);
+    u[j] = int16_t(t < 0x7F7F ? t : 0x7F7F);
+  }
+}
+
+// One whole NVFP4 block: 16 bf16 elements -> their codes, packed (8 bytes, element 2i in the
+// low nibble of byte i) or one per byte (16 bytes). GCC vector types: one AVX2 register in the
+// v3 and v4 clones, two SSE2 registers in the baseline. Valid for finite inputs; u[i * stride]
+// is threshold U_i.
+template <bool kPacked>
+inline void QuantizeNvfp4Bf16Block(const uint16_t* x, const int16_t* u, int64_t stride, uint8_t* out) {
+  typedef int16_t V16 __attribute__((vector_size(32)));
+  typedef uint32_t V8 __attribute__((vector_size(32)));
+  typedef uint8_t B32 __attribute__((vector_size(32)));
+  V16 v;
+  std::memcpy(&v, x, 32);
+  const V16 a = v & int16_t(0x7FFF);
+  // Each compare is -1 where true: the code is minus their sum.
+  V16 code = a > u[0];
+  for (int i = 1; i < 7; ++i) code += a > u[i * stride];
+  code = -code | ((v >> 15) & int16_t(8));  // the sign bit of E2M1
+  B32 b;
+  if constexpr (kPacked) {
+    V8 w;  // element pairs: 2i in the low half of 32-bit lane i, 2i + 1 in the high half
+    std::memcpy(&w, &code, 32);
+    w = w | (w >> 12);  // byte 0 of lane i: element 2i | element 2i + 1 << 4
+    std::memcpy(&b, &w, 32);
+    b = __builtin_shufflevector(b, b, 0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20,
+                                24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
+    std::memcpy(out, &b, 8);
+  } else {
+    std::memcpy(&b, &code, 32);  // the low byte of each 16-bit lane
+    b = __builtin_shufflevector(b, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 0, 2, 4, 6, 8, 10, 12,
+                                14, 16, 18, 20, 22, 24, 26, 28, 30);
+    std::memcpy(out, &b, 16);
+  }
 }
 
 // The fast dequantize path's per-block multipliers (y = (value * m0) * m1, each product exact
