@@ -181,9 +181,9 @@ def test_every_bf16_value_in_a_block_bit_exact(fmt, top):
 @pytest.mark.parametrize("log2_g", [-126, -125, -124, -123, -110, 100, 119, 120, 122])
 def test_nvfp4_bf16_every_value_at_extreme_divisors(log2_g):
     """bf16 x NVFP4 rounds by comparing |x| with 7 per-block thresholds computed in double
-    (Nvfp4Bf16Thresholds). Given global scales put the block divisor (E4M3 scale x g) at both
-    ends of the range that path accepts (2^-124 ... 2^126: thresholds past the largest finite
-    bf16 clamp) and past them (the division loop); every bf16 value up to the block's amax."""
+    (Nvfp4Bf16Thresholds). Given global scales put the block divisor (E4M3 scale x g) at the
+    smallest the path accepts (2^-124), below it (the division loop) and near the largest a block
+    can reach (~2^125.6, bf16's largest amax); every bf16 value up to the block's amax."""
     g = np.float32(2.0**log2_g)
     # A block amax of up to ~450 x 6g (the E4M3 scale near its top), capped at bf16's largest.
     tops = [float(np.float32(min(f * 6 * float(g), 3.3e38))) for f in (0.01, 1.0, 300.0)]

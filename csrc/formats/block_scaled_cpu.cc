@@ -223,7 +223,7 @@ struct Quantize {
       // fast path runs block by block below.
       int16_t ke[kGroup * kB];
       uint32_t all = 1;
-      for (int64_t j = 0; j < count; ++j) all &= simple[j] & uint32_t(k[j] >= kQuantMinScaleK<Fmt>) & uint32_t(k[j] <= 126);
+      for (int64_t j = 0; j < count; ++j) all &= simple[j] & QuantFastK<Fmt>(k[j]);
       if (all) {
         for (int64_t j = 0; j < count; ++j)
           for (int64_t t = 0; t < kB; ++t) ke[j * kB + t] = int16_t(k[j] * 128);
@@ -238,7 +238,7 @@ struct Quantize {
             uint16_t sj = 0;
             for (int64_t t = 0; t < kB; ++t) (void)QuantizeBf16Pow2<Fmt>(xs[j * kB + t], ke[j * kB + t], sj);
             if (!sj) continue;
-            const float pj = AsFloat(uint32_t(127 - k[j]) << 23);  // QuantFastScale's 2^-k
+            const float pj = QuantFastParam<Fmt>(k[j], m[j]);
             for (int64_t t = 0; t < kB; ++t) out[j * kB + t] = QuantizeFast<Fmt>(In::Bits(xs[j * kB + t]), pj);
           }
         }
@@ -254,8 +254,8 @@ struct Quantize {
       float p[kGroup];
       uint32_t all = 1;
       for (int64_t j = 0; j < count; ++j) {  // QuantFastScale, branch-free (a vectorised loop)
-        p[j] = AsFloat(Fmt::kPow2 ? uint32_t(127 - k[j]) << 23 : EncodeF32(k[j], m[j]));
-        all &= simple[j] & uint32_t(k[j] >= kQuantMinScaleK<Fmt>) & uint32_t(k[j] <= 126);
+        p[j] = QuantFastParam<Fmt>(k[j], m[j]);
+        all &= simple[j] & QuantFastK<Fmt>(k[j]);
       }
       if constexpr (std::is_same_v<In, InBF16> && Fmt::kFormat == kNvfp4) {
         // bf16 x NVFP4: compares, no division (Nvfp4Bf16Thresholds). A packed row of odd

@@ -250,10 +250,20 @@ constexpr int32_t kQuantMinScaleK = -125 - Fmt::E::kEmin + Fmt::E::kMbits;
 
 // The fast quantize path's per-block value: MX multiplies by 2^-k, the others divide by (k, m).
 // Returns false where the block must take the scalar rules.
+// Split in two so group loops can run them branch-free over many blocks: whether the scale's
+// exponent allows the fast path, and the value (defined for any k, used only where allowed).
+template <class Fmt>
+inline uint32_t QuantFastK(int32_t k) {
+  return uint32_t(k >= kQuantMinScaleK<Fmt>) & uint32_t(k <= 126);
+}
+template <class Fmt>
+inline float QuantFastParam(int32_t k, uint32_t m) {
+  return AsFloat(Fmt::kPow2 ? uint32_t(127 - k) << 23 : EncodeF32(k, m));
+}
 template <class Fmt>
 inline bool QuantFastScale(const BlockScale& s, float* param) {
-  if (s.special || s.k < kQuantMinScaleK<Fmt> || s.k > 126) return false;
-  *param = Fmt::kPow2 ? AsFloat(uint32_t(127 - s.k) << 23) : AsFloat(EncodeF32(s.k, s.m));
+  if (s.special || !QuantFastK<Fmt>(s.k)) return false;
+  *param = QuantFastParam<Fmt>(s.k, s.m);
   return true;
 }
 
