@@ -1,8 +1,9 @@
 """Backend ``xla`` of ``block_scaled_dot``: XLA's own path, as fast as XLA gets, no custom call.
 
 What ``auto`` runs on a GPU where none of our kernels is verified (``jax_gpuext.verified``),
-and on CPU for MX and NVFP4 operands (measured about twice as fast there as the f32 reference:
-XLA:CPU runs the bf16 dot on the CPU's bf16 dot-product instructions; docs/design.md "CPU speed"):
+and on CPU for MX and NVFP4 operands where the CPU has bf16 dot-product instructions (measured
+about twice as fast there as the f32 reference, and slower than it on a CPU without them;
+``cpu_features``, docs/design.md "CPU speed"):
 
 - MX (E8M0 block scales: MXFP8 E4M3 / E5M2, and any MX element type) and NVFP4: each operand
   dequantized to bfloat16 and one XLA dot with float32 accumulation
@@ -33,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_gpuext import backends, formats
+from jax_gpuext import backends, cpu_features, formats
 from jax_gpuext import dot as _dot
 from jax_gpuext.gates import GateResult
 
@@ -143,13 +144,20 @@ def impl(lhs, rhs, p: _dot.DotProblem, sel) -> jax.Array:
 
 def _prefers(p) -> GateResult:
     """On CPU, ``auto`` takes this path where it was measured faster than the float32 reference
-    (benchmarks/bench_cpu.py prints both; docs/design.md "CPU speed"): MX and NVFP4, whose bf16
-    dot with f32 accumulation runs at about twice the f32 dot's speed on XLA:CPU (bf16 matmul
-    instructions where the CPU has them). FP8_TENSOR's FP8 dot was slower there than the
-    reference and FP8 blockwise is the reference, so both stay on it."""
-    if backends.current_platform() == "cpu" and p.lhs_format.family in ("fp8_tensor", "fp8_block"):
+    (benchmarks/bench_cpu.py prints both; docs/design.md "CPU speed"): MX and NVFP4 on a CPU with
+    bf16 dot-product instructions, where XLA:CPU's bf16 dot with f32 accumulation runs at about
+    twice the f32 dot's speed. Without them it was no faster (Zen 3: MXFP8 0.9-1.1x, NVFP4
+    1.2-2.1x the reference's time), so the reference is taken. FP8_TENSOR's FP8 dot was slower than the reference and FP8 blockwise is
+    the reference, so both stay on it."""
+    if backends.current_platform() != "cpu":
+        return GateResult(True, "")
+    if p.lhs_format.family in ("fp8_tensor", "fp8_block"):
         return GateResult(False, "on CPU the float32 reference is taken for FP8_TENSOR / FP8 blockwise (measured "
                                  "no slower); name backend='xla' to run it")
+    if not cpu_features.has_bf16_dot_instructions():
+        return GateResult(False, "on a CPU without bf16 dot instructions (avx512_bf16 / amx_bf16 / Arm bf16) XLA's "
+                                 "bf16 dot is no faster than the float32 reference (measured at 2048^3: MXFP8 0.9-1.1x, NVFP4 1.2-2.1x its time); "
+                                 "name backend='xla' to run it")
     return GateResult(True, "")
 
 
@@ -159,4 +167,5 @@ def register() -> None:
         "xla", ("cuda", "cpu"), (),
         "XLA only: MX / NVFP4 dequantized to bf16 + XLA dot with f32 accumulation (f32 where bf16 is not "
         "exact); FP8_TENSOR through XLA's FP8 dot; FP8 blockwise on the f32 reference",
-        takes="every format pair of one family, any shape; auto on CPU: MX and NVFP4 only", prefers=_prefers), impl)
+        takes="every format pair of one family, any shape; auto on CPU: MX and NVFP4 where the CPU has bf16 dot "
+              "instructions", prefers=_prefers), impl)

@@ -129,6 +129,14 @@ def test_mixed_mx_pairs_match_float64(lf, rf):
         assert_close_to_f64(y, want, mag)
 
 
+def cpu_mx_dot():
+    """What auto runs for MX operands on this CPU (issue 18): XLA's bf16 dot where the CPU has
+    bf16 dot instructions, else the f32 reference (tests/test_dot_xla.py checks both choices)."""
+    from jax_gpuext import cpu_features
+
+    return "xla" if cpu_features.has_bf16_dot_instructions() else "reference"
+
+
 def test_mixed_mx_explain_and_library_gates():
     """cuBLASLt and cuDNN refuse MXFP4 operands with their reason; hopper_mx takes them."""
     from jax_gpuext import dot_cublaslt, dot_cudnn, hopper_mx
@@ -147,8 +155,8 @@ def test_mixed_mx_explain_and_library_gates():
     np.testing.assert_array_equal(np.asarray(a[0, :, :256].astype(jnp.float32)),
                                   np.asarray(rhs.data.astype(jnp.float32)))
     e = gx.explain(lambda x, w: gx.block_scaled_dot(x, w), lhs, rhs)
-    # on CPU auto takes XLA's bf16 dot for MX (measured faster than the f32 reference, issue 18)
-    assert e.calls[0].chosen == "xla" and "hopper_mx" in dict(e.calls[0].rejected), str(e)
+    # on CPU auto takes XLA's bf16 dot for MX where the CPU has bf16 dot instructions (issue 18)
+    assert e.calls[0].chosen == cpu_mx_dot() and "hopper_mx" in dict(e.calls[0].rejected), str(e)
 
 
 def test_scaled_dot_general_mxfp4_weights_with_mxfp8_activations():
@@ -514,7 +522,7 @@ def test_explain_shows_the_backend():
     b = gx.quantize(rand(27, (8, 64)), gx.MXFP8_E4M3)
     ex = gx.explain(lambda p, q: gx.block_scaled_dot(p, q), a, b)
     calls = [c for c in ex.calls if c.op == "block_scaled_dot"]
-    assert len(calls) == 1 and calls[0].chosen == "xla"  # CPU: XLA's bf16 dot for MX (issue 18)
+    assert len(calls) == 1 and calls[0].chosen == cpu_mx_dot()
     qt = gx.quantize(rand(26, (4, 64)), gx.FP8_TENSOR)
     (call,) = gx.explain(lambda p: gx.block_scaled_dot(p, p), qt).calls
     assert call.chosen == "reference" and dict(call.rejected)["xla"].startswith("passed over: on CPU")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import jax_gpuext as gx
-from jax_gpuext import dot, dot_xla
+from jax_gpuext import cpu_features, dot, dot_xla
 
 E8M0 = jnp.dtype(jnp.float8_e8m0fnu)
 
@@ -118,16 +118,41 @@ def test_hlo_holds_no_custom_call(fmts, platform):
         assert "stablehlo.case" in text or "stablehlo.if" in text
 
 
-def test_explain_notes_the_path():
+def test_explain_notes_the_path(monkeypatch):
     qx, qw = gx.quantize(jnp.ones((4, 64)), gx.NVFP4), gx.quantize(jnp.ones((4, 64)), gx.NVFP4)
     (sel,) = gx.explain(lambda a, b: gx.block_scaled_dot(a, b, backend="xla"), qx, qw).calls
     assert sel.chosen == "xla" and any("exact in bf16 for these formats" in n for n in sel.notes)
-    (sel,) = gx.explain(lambda a, b: gx.block_scaled_dot(a, b), qx, qw).calls
-    assert sel.chosen == "xla"  # auto on CPU: the bf16 dot for NVFP4 and MX (issue 18)
+    # auto on CPU: the bf16 dot for NVFP4 and MX where the CPU has bf16 dot instructions (issue 18)
+    for flags, chosen in (("fpu avx2 avx512_bf16", "xla"), ("fpu avx2 fma", "reference"), ("fp asimd bf16", "xla")):
+        monkeypatch.setattr(cpu_features, "cpu_flags", lambda flags=flags: frozenset(flags.split()))
+        (sel,) = gx.explain(lambda a, b: gx.block_scaled_dot(a, b), qx, qw).calls
+        assert sel.chosen == chosen, flags
+        if chosen == "reference":
+            assert "without bf16 dot instructions" in dict(sel.rejected)["xla"]
     for fmt in (gx.FP8_TENSOR, gx.FP8_1x128):  # measured no faster than the f32 reference on CPU
         q = gx.quantize(jnp.ones((4, 128)), fmt)
         (sel,) = gx.explain(lambda a, b: gx.block_scaled_dot(a, b), q, q).calls
         assert sel.chosen == "reference" and dict(sel.rejected)["xla"].startswith("passed over: on CPU")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n\nprocessor\t: 1\nflags\t: fpu\n", True),
+    ("processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\n", False),
+    ("processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n", True),
+    ("", False),
+])
+def test_cpu_flags_read_from_cpuinfo(tmp_path, monkeypatch, text, expected):
+    path = tmp_path / "cpuinfo"
+    path.write_text(text)
+    monkeypatch.setattr(cpu_features, "_CPUINFO", str(path))
+    cpu_features.cpu_flags.cache_clear()
+    try:
+        assert cpu_features.has_bf16_dot_instructions() is expected
+        monkeypatch.setattr(cpu_features, "_CPUINFO", str(tmp_path / "missing"))
+        cpu_features.cpu_flags.cache_clear()
+        assert cpu_features.cpu_flags() == frozenset()
+    finally:
+        cpu_features.cpu_flags.cache_clear()
 
 
 # --------------------------------------------------------------------------- the bound (docs/formats.md)

@@ -178,10 +178,30 @@ def test_every_bf16_value_in_a_block_bit_exact(fmt, top):
         assert_bits_equal(q.scale, scale_bits(scale, fmt), f"{fmt.name} axis={axis} scale")
 
 
+@pytest.mark.parametrize("cols", [128, 100], ids=["whole_tiles", "partial_tiles"])
+@pytest.mark.parametrize("top", [1.0, 1.5 * 2.0**100], ids=["1", "1.5e100"])
+def test_every_bf16_value_fp8_tiles_and_per_tensor(cols, top):
+    """bf16 x FP8_128x128 and FP8_TENSOR divide on 16-bit lanes widened to fp32
+    (QuantizeBf16Div: 32-element steps, then a scalar tail). Every bf16 value up to `top`, in
+    rows of `cols` (100: each row's run is 3 steps and a 4-element tail) that all hold `top`, so
+    each tile's and the tensor's amax is `top`."""
+    v = every_bf16_up_to(top)
+    v = np.concatenate([v, np.zeros((-len(v)) % (cols - 1), np.float32)]).reshape(-1, cols - 1)
+    x = np.concatenate([v, np.full((len(v), 1), top, np.float32)], axis=1).astype(ml_dtypes.bfloat16)
+    values, scale, _ = expected_quantize(x, gx.FP8_128x128)
+    q = quantizer(gx.FP8_128x128, "cpu")(x)
+    assert_bits_equal(q.data, elem_bits(values, gx.FP8_128x128), f"FP8_128x128 cols={cols} data")
+    assert_bits_equal(q.scale, scale_bits(scale, gx.FP8_128x128), f"FP8_128x128 cols={cols} scale")
+    values, scale = expected_per_tensor(x[None])
+    q = per_tensor_quantizer("cpu")(x[None])
+    assert_bits_equal(q.data, elem_bits(values, gx.FP8_TENSOR), f"FP8_TENSOR cols={cols} data")
+    assert_bits_equal(q.scale, scale_bits(scale, gx.FP8_TENSOR), f"FP8_TENSOR cols={cols} scale")
+
+
 @pytest.mark.parametrize("log2_g", [-126, -125, -124, -123, -110, 100, 119, 120, 122])
 def test_nvfp4_bf16_every_value_at_extreme_divisors(log2_g):
     """bf16 x NVFP4 rounds by comparing |x| with 7 per-block thresholds computed in double
-    (Nvfp4Bf16Thresholds). Given global scales put the block divisor (E4M3 scale x g) at the
+    (Nvfp4Bf16Table, by the block's E4M3 scale code). Given global scales put the block divisor (E4M3 scale x g) at the
     smallest the path accepts (2^-124), below it (the division loop) and near the largest a block
     can reach (~2^125.6, bf16's largest amax); every bf16 value up to the block's amax."""
     g = np.float32(2.0**log2_g)

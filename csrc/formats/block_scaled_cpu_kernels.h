@@ -36,6 +36,7 @@
 #define GPUEXT_CPU_HOT __attribute__((target_clones("arch=x86-64-v3", "default"), flatten))
 #else
 #define GPUEXT_CPU_HOT __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"), flatten))
+#define GPUEXT_CPU_AVX512_CLONE 1  // an AVX-512 CPU runs the v4 clone
 #endif
 #else
 #define GPUEXT_CPU_HOT __attribute__((flatten))
@@ -277,6 +278,69 @@ inline uint8_t QuantizeFast(int32_t bits, float param) {
   return uint8_t(code | ((uint32_t(bits) >> 31) << E::kSignShift));
 }
 
+// ------------------------------------------------------------------------ bf16 / fp32 divisor
+// Blocks of bf16 input with an fp32 divisor (FP8 blockwise and per-tensor; NVFP4 off its
+// threshold path): QuantizeFast's operations element for element, so the same bits, arranged
+// for 16-bit input. |x| and the sign are taken on 16-bit lanes; |x| is widened to fp32 by
+// interleaving with zeros (|x| << 16 in each 32-bit lane: one unpack per 8 lanes, in the order
+// that the narrowing back to 16 bits undoes, so no cross-lane permute); the codes are narrowed
+// to 16 bits, get the sign there, and two vectors pack into 32 bytes. The fp32 loop spent more
+// instructions widening, moving the sign and narrowing than rounding: FP8_1x128 1.9 -> 1.5 ms
+// single thread on AVX2 (measured). n elements, any n: whole 32-element steps, then the rest
+// by QuantizeFast. Not on AVX-512 CPUs (Bf16DivLoopPays).
+// Whether QuantizeBf16Div runs instead of the QuantizeFast loop. Not where the AVX-512 clone
+// runs: there the compiler's own fp32 loop is 16 lanes wide and narrows with one instruction
+// (vpmovdb), it was the measured fastest (docs/design.md "CPU speed", 2026-11-25), and this
+// loop's fixed 32-byte vectors were not measured on such a CPU (none was at hand).
+inline bool Bf16DivLoopPays() {
+#if defined(GPUEXT_CPU_AVX512_CLONE)
+  static const bool avx512 = __builtin_cpu_supports("avx512bw");
+  return !avx512;
+#else
+  return true;
+#endif
+}
+
+template <class Fmt>
+inline void QuantizeBf16Div(const uint16_t* x, int64_t n, float p, uint8_t* out) {
+  using E = typename Fmt::E;
+  typedef uint16_t U16 __attribute__((vector_size(32)));
+  typedef uint32_t U32 __attribute__((vector_size(32)));
+  typedef int32_t I32 __attribute__((vector_size(32)));
+  typedef float F32 __attribute__((vector_size(32)));
+  typedef uint8_t B32 __attribute__((vector_size(32)));
+  constexpr int32_t drop = 23 - E::kMbits;
+  const F32 pv = F32{} + p, magic = F32{} + AsFloat(E::kMagicBits);
+  const U16 zero = {};
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    U16 r[2];
+    for (int h = 0; h < 2; ++h) {
+      U16 v;
+      std::memcpy(&v, x + i + 16 * h, 32);
+      const U16 a = v & uint16_t(0x7FFF);
+      U16 half[2] = {__builtin_shufflevector(zero, a, 0, 16, 1, 17, 2, 18, 3, 19, 8, 24, 9, 25, 10, 26, 11, 27),
+                     __builtin_shufflevector(zero, a, 4, 20, 5, 21, 6, 22, 7, 23, 12, 28, 13, 29, 14, 30, 15, 31)};
+      for (U16& w : half) {  // RoundMagnitude on |x| / p, 8 fp32 lanes
+        const U32 b = (U32)((F32)w / pv);
+        const I32 normal = (I32)((b + ((1u << (drop - 1)) - 1u) + ((b >> drop) & 1u)) >> drop) - E::kRebias;
+        const I32 sub = (I32)((F32)b + magic) - E::kMagicBits;
+        I32 code = (I32)b >= E::kMinNormalBits ? normal : sub;
+        code = code < int32_t(E::kF.max_code) ? code : int32_t(E::kF.max_code);
+        w = (U16)code;
+      }
+      // The low 16 bits of each 32-bit lane (codes are 0..max_code), back in element order.
+      const U16 code = __builtin_shufflevector(half[0], half[1], 0, 2, 4, 6, 16, 18, 20, 22, 8, 10, 12, 14, 24, 26, 28, 30);
+      r[h] = code | ((v >> 15) << E::kSignShift);
+    }
+    const B32 b0 = (B32)r[0], b1 = (B32)r[1];
+    const B32 bytes = __builtin_shufflevector(b0, b1, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36,
+                                              38, 40, 42, 44, 46, 48, 50, 52, 54, 56, 58, 60, 62);
+    std::memcpy(out + i, &bytes, 32);
+  }
+  for (; i < n; ++i) out[i] = QuantizeFast<Fmt>(int32_t(uint32_t(x[i]) << 16), p);
+}
+
 // ------------------------------------------------------------------------ bf16 x power of two
 // MX blocks of bf16 input: x * 2^-k is exact, and where it is a normal number its bf16 bits are
 // |x|'s bits minus k << 7. So the element code is a 16-bit integer computation: 16 lanes per
@@ -339,28 +403,45 @@ inline uint8_t QuantizeBf16Pow2(uint16_t bits, int16_t kshift, uint16_t& slow) {
 inline constexpr double kNvfp4Bounds[7] = {0.25 + 0x1p-26, 0.75 - 0x1p-25, 1.25 + 0x1p-24, 1.75 - 0x1p-24,
                                            2.5 + 0x1p-23,  3.5 - 0x1p-23,  5.0 + 0x1p-22};
 
-// Threshold U_i (bf16 bits, as int16) of n blocks with divisors p: a loop over blocks that the
-// compiler vectorises. Valid where QuantFastScale accepts each block (2^-124 <= p < 2^127):
-// then d_i >= 2^-126, in the normal bf16 range, where the largest bf16 below d is d's double
-// bits shifted right by 45 and rebiased (1023 -> 127); a d_i past the largest finite bf16 (only
-// for p >= 2^125.7, which a block's RN-up E4M3 scale times g does not reach) clamps to it.
-inline void Nvfp4Bf16Thresholds(int i, const float* p, int64_t n, int16_t* u) {
-  const double bound = kNvfp4Bounds[i];
-  for (int64_t j = 0; j < n; ++j) {
-    const double d = bound * double(p[j]);
-    uint64_t b;
-    std::memcpy(&b, &d, 8);
-    const int64_t t = int64_t((b - (uint64_t(1023 - 127) << 52)) >> 45);
-    u[j] = int16_t(t < 0x7F7F ? t : 0x7F7F);
+// The thresholds of every block divisor one global scale g allows, as a table by the block's
+// stored E4M3 scale code: a block's divisor is p = E4M3(code) * g (SimpleBlockScale), so the 126
+// codes give every p there is, and a block costs one row address instead of 7 double products
+// (those were a third of bf16 x NVFP4's time on AVX2; measured). Row c holds U_0..U_6 (bf16
+// bits, as int16) for p = QuantFastParam of that code's scale; it is used only for blocks that
+// QuantFastScale accepts (2^-124 <= p < 2^127). There d_i >= 2^-126, in the normal bf16 range,
+// where the largest bf16 below d is d's double bits shifted right by 45 and rebiased
+// (1023 -> 127); a d_i past the largest finite bf16 (only for p >= 2^125.7, which a block's
+// RN-up E4M3 scale times g does not reach) clamps to it.
+struct Nvfp4Bf16Table {
+  uint32_t g = 0;
+  bool built = false;
+  alignas(16) int16_t u[128][8];
+
+  void Build(uint32_t gbits) {
+    g = gbits;
+    built = true;
+    float p[128];
+    for (int c = 0; c < 128; ++c) {
+      const uint32_t eff = AsBits(AsFloat(uint32_t(MagnitudeToF32<E4M3>(c))) * AsFloat(gbits));
+      p[c] = QuantFastParam<Nvfp4>(int32_t(eff >> 23) - 127, (eff & 0x7FFFFFu) | 0x800000u);
+    }
+    for (int i = 0; i < 8; ++i)
+      for (int c = 0; c < 128; ++c) {
+        const double d = (i < 7 ? kNvfp4Bounds[i] : 0.0) * double(p[c]);  // lane 7: padding
+        uint64_t b;
+        std::memcpy(&b, &d, 8);
+        const int64_t t = int64_t((b - (uint64_t(1023 - 127) << 52)) >> 45);
+        u[c][i] = int16_t(t < 0x7F7F ? t : 0x7F7F);
+      }
   }
-}
+};
 
 // One whole NVFP4 block: 16 bf16 elements -> their codes, packed (8 bytes, element 2i in the
 // low nibble of byte i) or one per byte (16 bytes). GCC vector types: one AVX2 register in the
-// v3 and v4 clones, two SSE2 registers in the baseline. Valid for finite inputs; u[i * stride]
-// is threshold U_i.
+// v3 and v4 clones, two SSE2 registers in the baseline. Valid for finite inputs; u[i] is
+// threshold U_i (a row of Nvfp4Bf16Table).
 template <bool kPacked>
-inline void QuantizeNvfp4Bf16Block(const uint16_t* x, const int16_t* u, int64_t stride, uint8_t* out) {
+inline void QuantizeNvfp4Bf16Block(const uint16_t* x, const int16_t* u, uint8_t* out) {
   typedef int16_t V16 __attribute__((vector_size(32)));
   typedef uint32_t V8 __attribute__((vector_size(32)));
   typedef uint8_t B32 __attribute__((vector_size(32)));
@@ -369,7 +450,7 @@ inline void QuantizeNvfp4Bf16Block(const uint16_t* x, const int16_t* u, int64_t 
   const V16 a = v & int16_t(0x7FFF);
   // Each compare is -1 where true: the code is minus their sum.
   V16 code = a > u[0];
-  for (int i = 1; i < 7; ++i) code += a > u[i * stride];
+  for (int i = 1; i < 7; ++i) code += a > u[i];
   code = -code | ((v >> 15) & int16_t(8));  // the sign bit of E2M1
   B32 b;
   if constexpr (kPacked) {
