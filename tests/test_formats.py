@@ -161,12 +161,13 @@ def every_bf16_up_to(top):
 
 @pytest.mark.parametrize("fmt", [gx.MXFP8_E4M3, gx.MXFP8_E5M2, gx.MXFP4, gx.NVFP4, gx.FP8_1x128],
                          ids=["MXFP8_E4M3", "MXFP8_E5M2", "MXFP4", "NVFP4", "FP8_1x128"])
-@pytest.mark.parametrize("top", [1.0, 3.0 * 2.0 ** -100, 1.5 * 2.0 ** 100], ids=["1", "3e-100", "1.5e100"])
+@pytest.mark.parametrize("top", [1.0, 3.0 * 2.0 ** -100, 1.5 * 2.0 ** 100, 448.0], ids=["1", "3e-100", "1.5e100", "448"])
 def test_every_bf16_value_in_a_block_bit_exact(fmt, top):
     """The CPU handler's bf16 paths (16-bit lanes for MX, batched block scales for all) against
     the float64 model on every bf16 value up to a block's amax: every tie, every subnormal code.
     Each block holds `top` once (fixing its scale) and block-1 swept values; along the last axis
-    (whole blocks) and along rows (the strided path)."""
+    (whole blocks) and along rows (the strided path). FP8_1x128 divides by top / 448, exact only
+    for top = 448 (divisor 1): the one top at which its quotients land on E4M3's ties."""
     b = fmt.block[0]
     v = every_bf16_up_to(top)
     v = np.concatenate([v, np.zeros((-len(v)) % (b - 1), np.float32)]).reshape(-1, b - 1)
@@ -179,12 +180,13 @@ def test_every_bf16_value_in_a_block_bit_exact(fmt, top):
 
 
 @pytest.mark.parametrize("cols", [128, 100], ids=["whole_tiles", "partial_tiles"])
-@pytest.mark.parametrize("top", [1.0, 1.5 * 2.0**100], ids=["1", "1.5e100"])
+@pytest.mark.parametrize("top", [1.0, 1.5 * 2.0**100, 448.0 * 2.0**-20], ids=["1", "1.5e100", "448e-20"])
 def test_every_bf16_value_fp8_tiles_and_per_tensor(cols, top):
     """bf16 x FP8_128x128 and FP8_TENSOR divide on 16-bit lanes widened to fp32
     (QuantizeBf16Div: 32-element steps, then a scalar tail). Every bf16 value up to `top`, in
     rows of `cols` (100: each row's run is 3 steps and a 4-element tail) that all hold `top`, so
-    each tile's and the tensor's amax is `top`."""
+    each tile's and the tensor's amax is `top`; at 448 x 2^-20 the divisor is 2^-20, exact, so
+    quotients land on E4M3's ties (checked: rounding ties down instead of to even fails here)."""
     v = every_bf16_up_to(top)
     v = np.concatenate([v, np.zeros((-len(v)) % (cols - 1), np.float32)]).reshape(-1, cols - 1)
     x = np.concatenate([v, np.full((len(v), 1), top, np.float32)], axis=1).astype(ml_dtypes.bfloat16)
