@@ -34,16 +34,7 @@ def _time(fn, *args, iters: int) -> float:
     and zeroing: `x * 2` over 8 MB takes 2-4 ms cold and 0.3 ms warm on the dev machine), which
     would make every ratio against that baseline look several times better than a training loop
     sees."""
-    import jax
-
-    for _ in range(WARMUP_CALLS):
-        jax.block_until_ready(fn(*args))
-    samples = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        samples.append(time.perf_counter() - t0)
-    return sorted(samples)[len(samples) // 2]
+    return _time_alternating([fn], *args, iters=iters)[0]
 
 
 def _time_alternating(fns, *args, iters: int) -> list[float]:
@@ -103,7 +94,7 @@ def quantize_rows(x, iters: int):
     rows = []
     for fmt in gx.formats.FORMATS.values():
         # The baseline again next to each format: its warm time moves with the process's
-        # allocator state (0.27-0.55 ms within one run here); the ratios use the fastest.
+        # allocator state and the machine's load (0.5-1.7 ms within one run here).
         g = jnp.float32(1.0) if fmt.has_global_scale else None  # given: one pass over x, as jax.nn's
         kw = dict(global_scale=g)
         chosen = backends.select(gx.formats.QUANTIZE_OP, "auto", problem=(fmt, x.shape, x.dtype)).chosen

@@ -287,7 +287,11 @@ inline uint8_t QuantizeFast(int32_t bits, float param) {
 // to 16 bits, get the sign there, and two vectors pack into 32 bytes. The fp32 loop spent more
 // instructions widening, moving the sign and narrowing than rounding: FP8_1x128 1.9 -> 1.5 ms
 // single thread on AVX2 (measured). n elements, any n: whole 32-element steps, then the rest
-// by QuantizeFast. Not on AVX-512 CPUs (Bf16DivLoopPays).
+// by QuantizeFast. Its rounding is RoundMagnitude's, line for line, on vectors. Not on AVX-512
+// CPUs (Bf16DivLoopPays).
+template <class Fmt>
+inline void QuantizeBf16Div(const uint16_t* x, int64_t n, float p, uint8_t* out);
+
 // Whether QuantizeBf16Div runs instead of the QuantizeFast loop. Not where the AVX-512 clone
 // runs: there the compiler's own fp32 loop is 16 lanes wide and narrows with one instruction
 // (vpmovdb), it was the measured fastest (docs/design.md "CPU speed", 2026-11-25), and this
@@ -425,14 +429,15 @@ struct Nvfp4Bf16Table {
       const uint32_t eff = AsBits(AsFloat(uint32_t(MagnitudeToF32<E4M3>(c))) * AsFloat(gbits));
       p[c] = QuantFastParam<Nvfp4>(int32_t(eff >> 23) - 127, (eff & 0x7FFFFFu) | 0x800000u);
     }
-    for (int i = 0; i < 8; ++i)
+    for (int i = 0; i < 7; ++i)
       for (int c = 0; c < 128; ++c) {
-        const double d = (i < 7 ? kNvfp4Bounds[i] : 0.0) * double(p[c]);  // lane 7: padding
+        const double d = kNvfp4Bounds[i] * double(p[c]);
         uint64_t b;
         std::memcpy(&b, &d, 8);
         const int64_t t = int64_t((b - (uint64_t(1023 - 127) << 52)) >> 45);
         u[c][i] = int16_t(t < 0x7F7F ? t : 0x7F7F);
       }
+    for (int c = 0; c < 128; ++c) u[c][7] = 0;  // padding: rows of 16 bytes
   }
 };
 
