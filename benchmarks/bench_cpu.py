@@ -6,7 +6,8 @@ as ratios against baselines measured in this process and run:
   FP8_1x128),
 - our jnp reference (``backend="reference"``) and, where this jax has them, jax.nn's quantizer,
 - ``block_scaled_dot`` through its two exact CPU paths (the f32 reference, XLA's bf16 dot),
-- ``jax.nn.scaled_dot_general`` forward + backward (target: MXFP8 through ``auto`` >= 1.0x it).
+- ``jax.nn.scaled_dot_general`` forward + backward with jax.nn's "mxfp8" configs (target: MXFP8
+  through ``auto`` >= 1.0x it), and the same step unquantized (one bf16 dot: the floor).
 
     python benchmarks/bench_cpu.py [--quick] [--out FILE.json] [--iters N]
 
@@ -152,11 +153,18 @@ def dot_rows(n: int, iters: int):
 
 def training_rows(n: int, iters: int):
     """MXFP8 scaled_dot_general forward + backward (value and grad of 0.5 * sum(out^2) w.r.t. both
-    operands: the forward runs and the cotangent is data) against jax.nn.scaled_dot_general on the
-    same bf16 operands, both jit-compiled. (A loss of sum(out) would let XLA drop the forward dot
-    and feed a constant cotangent.)"""
+    operands: the forward runs and the cotangent is data) against jax.nn.scaled_dot_general with
+    jax.nn's own "mxfp8" config for both operands and the cotangent, on the same bf16 operands,
+    all jit-compiled and timed in turn. (A loss of sum(out) would let XLA drop the forward dot
+    and feed a constant cotangent.)
+
+    jax.nn needs the configs spelled out: with ``configs=None`` it runs a plain
+    ``lax.dot_general`` and quantizes nothing (jax 0.7 to 0.12), which this benchmark once took
+    for an MXFP8 default. That unquantized step stays as a column: the same three dots with no
+    quantization at all, the floor of any quantized step."""
     import jax
     import jax.numpy as jnp
+    from jax import lax
 
     import jax_gpuext as gx
 
@@ -170,19 +178,31 @@ def training_rows(n: int, iters: int):
             return 0.5 * jnp.sum(jnp.square(dot(a, b).astype(jnp.float32)))
         return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
 
-    nn_s = None
-    if hasattr(jax.nn, "scaled_dot_general"):
-        # configs=None: jax.nn's default, MXFP8 E4M3 for both operands and the cotangent
-        nn = step(lambda a, b: jax.nn.scaled_dot_general(a, b, dn, preferred_element_type=jnp.bfloat16))
-        nn_s = _time(nn, a, b, iters=iters)
-    rows = []
-    for backend in ("auto", "reference"):
-        ours = step(lambda a, b, be=backend: gx.scaled_dot_general(a, b, dn, preferred_element_type=jnp.bfloat16,
-                                                                    backend=be))
-        t_ours = _time(ours, a, b, iters=iters)
-        rows.append({"format": "MXFP8_E4M3", "backend": backend, "n": n, "ours_s": t_ours, "jax_nn_s": nn_s,
-                     "vs_jax_nn": None if nn_s is None else nn_s / t_ours})
-    return rows
+    fns = {"unquantized": step(lambda a, b: lax.dot_general(a, b, dn, preferred_element_type=jnp.bfloat16))}
+    if hasattr(jax.nn, "scaled_dot_general") and hasattr(jax.nn, "get_scaled_dot_general_config"):
+        configs = [jax.nn.get_scaled_dot_general_config("mxfp8")] * 3  # lhs, rhs, cotangent
+        nn = step(lambda a, b: jax.nn.scaled_dot_general(a, b, dn, preferred_element_type=jnp.bfloat16,
+                                                         configs=configs))
+        # The baseline must quantize (an fp8 type in its program) and run on CPU (jax 0.7 has no CPU
+        # lowering for it), or there is no jax.nn column.
+        try:
+            quantizes = "f8e4m3fn" in nn.lower(a, b).as_text().lower()
+            why = "" if quantizes else "with the mxfp8 configs it quantized nothing"
+        except NotImplementedError as e:
+            why = f"it does not lower on CPU here ({str(e).splitlines()[0]})"
+        if why:
+            print(f"bench_cpu: no jax.nn column: jax.nn.scaled_dot_general {why}", file=sys.stderr)
+        else:
+            fns["jax.nn"] = nn
+    backends = ("auto", "reference")
+    for backend in backends:
+        fns[backend] = step(lambda a, b, be=backend: gx.scaled_dot_general(a, b, dn, preferred_element_type=jnp.bfloat16,
+                                                                           backend=be))
+    t = dict(zip(fns, _time_alternating(list(fns.values()), a, b, iters=iters)))
+    nn_s = t.get("jax.nn")
+    return [{"format": "MXFP8_E4M3", "backend": backend, "n": n, "ours_s": t[backend], "jax_nn_s": nn_s,
+             "vs_jax_nn": None if nn_s is None else nn_s / t[backend], "unquantized_s": t["unquantized"],
+             "vs_unquantized": t["unquantized"] / t[backend]} for backend in backends]
 
 
 def _print_tables(n, qrows, drows, trows):
@@ -207,14 +227,16 @@ def _print_tables(n, qrows, drows, trows):
     for r in drows:
         print(f"| {r['format']} | {r['n']}x{r['n']} @ {r['n']}x{r['n']} | {r['auto_backend']} | {r['fastest_exact']} | "
               f"{r['reference_ms']:.1f} | {r['xla_ms']:.1f} |")
-    print("\n### scaled_dot_general forward + backward (ratio = jax.nn time / ours; >= 1.0x is the target for auto)\n")
-    print("| format | backend | shape | ours s | jax.nn s | ratio |")
-    print("|---|---|---|---|---|---|")
+    print("\n### scaled_dot_general forward + backward, timed in turn (ratio = jax.nn time / ours, jax.nn with "
+          "its \"mxfp8\" config for lhs, rhs and cotangent: >= 1.0x is the target for auto; unquantized = the same "
+          "step through one bf16 lax.dot_general, no quantization: the floor)\n")
+    print("| format | backend | shape | ours s | jax.nn s | ratio | unquantized s | unquantized / ours |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in trows:
         nn = "-" if r["jax_nn_s"] is None else f"{r['jax_nn_s']:.3f}"
-        ratio = "- (no jax.nn.scaled_dot_general)" if r["vs_jax_nn"] is None else f"{r['vs_jax_nn']:.2f}x"
+        ratio = "- (no jax.nn MXFP8 step here)" if r["vs_jax_nn"] is None else f"{r['vs_jax_nn']:.2f}x"
         print(f"| {r['format']} | {r['backend']} | {r['n']}x{r['n']} @ {r['n']}x{r['n']} | {r['ours_s']:.3f} | {nn} | "
-              f"{ratio} |")
+              f"{ratio} | {r['unquantized_s']:.3f} | {r['vs_unquantized']:.2f}x |")
 
 
 def main(argv=None) -> int:
