@@ -32,7 +32,7 @@ import numpy as np
 from jax import lax
 
 from jax_gpuext import _ext, backends, gates
-from jax_gpuext.errors import UnsupportedError
+from jax_gpuext.errors import UnsupportedError, require_bool
 from jax_gpuext.gates import GateResult
 
 logger = logging.getLogger("jax_gpuext")
@@ -282,8 +282,7 @@ def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto", timeou
         raise TypeError(f"all_reduce: op {op!r} is not defined for bool; use 'or'/'max' or 'and'/'min'")
     if not is_bool and op in ("and", "or"):
         raise TypeError(f"all_reduce: op {op!r} needs a bool operand, got {dtype}")
-    if not isinstance(strict_spaces, (bool, np.bool_)):
-        raise TypeError(f"all_reduce: strict_spaces must be a bool, got {strict_spaces!r}")
+    require_bool(strict_spaces, "all_reduce", "strict_spaces")
     spaces = [_spaces_tuple(operand_spaces, "operand"), _spaces_tuple(result_spaces, "result")]
     group_size = _axis_size(axes)
 

@@ -14,3 +14,13 @@ class UnsupportedError(RuntimeError):
         super().__init__(message if reason is None else f"{message}: {reason}")
         self.gate = gate
         self.reason = reason
+
+
+def require_bool(value, where: str, name: str) -> bool:
+    """``value`` as a bool, or TypeError: a flag such as ``strict`` given "no" or 0.5 must not
+    quietly count as True."""
+    import numpy as np
+
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{where}: {name} must be a bool, got {value!r}")
+    return bool(value)

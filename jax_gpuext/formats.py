@@ -21,7 +21,7 @@ from jax import lax
 
 from jax_gpuext import _ffi, backends, gates
 from jax_gpuext import _formats_reference as ref
-from jax_gpuext.errors import UnsupportedError
+from jax_gpuext.errors import UnsupportedError, require_bool
 
 QUANTIZE_OP = "quantize"
 DEQUANTIZE_OP = "dequantize"
@@ -132,7 +132,7 @@ class _Fp4Packed(collections.abc.MutableMapping):
         return layout.packed
 
     def __setitem__(self, platform: str, packed: bool) -> None:
-        self._overrides[platform] = bool(packed)
+        self._overrides[platform] = require_bool(packed, "FP4_PACKED", f"FP4_PACKED[{platform!r}]")
 
     def __delitem__(self, platform: str) -> None:
         del self._overrides[platform]

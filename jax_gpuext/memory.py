@@ -36,7 +36,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from jax_gpuext import _ext, backends, gates
-from jax_gpuext.errors import UnsupportedError
+from jax_gpuext.errors import UnsupportedError, require_bool
 
 logger = logging.getLogger("jax_gpuext")
 
@@ -335,6 +335,8 @@ def ffi_call(
     import jax
 
     op = caller or (selection.op if selection is not None else target)
+    strict = require_bool(strict, op, "strict")
+    has_side_effect = require_bool(has_side_effect, op, "has_side_effect")
     single = hasattr(result_shape_dtypes, "shape") and hasattr(result_shape_dtypes, "dtype")
     results = [result_shape_dtypes] if single else list(result_shape_dtypes)
     for i, r in enumerate(results):
@@ -430,6 +432,7 @@ def place(x, space, *, strict: bool = False, backend: str = "auto"):
     """
     import jax
 
+    strict = require_bool(strict, "place", "strict")
     space = MemorySpace.parse(space)
     if backend == "auto" and space == MemorySpace.PINNED_HOST:
         backend = "memory_kind"  # the only way to host memory; raises with the gate's reason

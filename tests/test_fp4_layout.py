@@ -103,3 +103,6 @@ def test_a_hand_set_layout_is_said_so():
     finally:
         del formats.FP4_PACKED["cpu"]
     assert formats.FP4_PACKED["cpu"] is True
+    with pytest.raises(TypeError, match=r"FP4_PACKED\['cpu'\] must be a bool"):
+        formats.FP4_PACKED["cpu"] = "no"  # truthy: must not quietly mean packed
+    assert "set by hand" not in formats.FP4_PACKED.layout("cpu").how

@@ -178,6 +178,8 @@ def test_place_pinned_host_on_cpu():
     (dict(result_spaces={0: 3}), ValueError, "unknown memory space 3"),
     (dict(result_spaces={0: 1.0}), TypeError, "MemorySpace"),
     (dict(vmap_method="expand_dims"), ValueError, "vmap_method"),
+    (dict(strict="no"), TypeError, "strict must be a bool"),
+    (dict(has_side_effect=1), TypeError, "has_side_effect must be a bool"),
 ])
 def test_helper_validation(kw, exc, match):
     x = jnp.ones(4, jnp.float32)
@@ -191,6 +193,10 @@ def test_place_validation():
         place(x, "l2")
     with pytest.raises(TypeError, match="MemorySpace"):
         place(x, None)
+    for flag in ("no", 0, None):  # "no" is truthy: it must not quietly mean strict=True
+        with pytest.raises(TypeError, match="place: strict must be a bool"):
+            place(x, MemorySpace.COLLECTIVE, strict=flag)
+    assert place(x, MemorySpace.COLLECTIVE, strict=np.bool_(False)) is not None
 
 
 @needs_memory_spaces
