@@ -14,10 +14,25 @@ step() { echo; echo "=== $* ($(date +%H:%M:%S))"; }
 
 step "build _cpu with -fsanitize=address,undefined,float-cast-overflow"
 python3 -m venv .venv-asan
-# JAX_GPUEXT_CPU_AVX512=OFF: the other legs run the AVX-512 clone of the CPU kernels on this
-# machine; this one runs the AVX2 clone, so both clones' bits are tested in CI.
-JAX_GPUEXT_CUDA=OFF JAX_GPUEXT_SANITIZE=address,undefined,float-cast-overflow JAX_GPUEXT_CPU_AVX512=OFF \
+# The CPU format kernels come in clones (x86-64-v4, v3, SSE2 baseline) and the loader runs the
+# best this CPU takes: the other legs test that one. This leg builds one level below it, so each
+# CI run tests the bits of two: without the v4 clone on an AVX-512 machine (v3 runs), without
+# clones on an AVX2 one (the baseline runs, which only pre-AVX2 CPUs would otherwise reach).
+kernels() { "$1" -P -c "import jax_gpuext._cpu as m; print(m.build_info()['cpu_kernels'])"; }
+main_clone=$(kernels .venv/bin/python)
+case "$main_clone" in
+  x86-64-v4*) below="JAX_GPUEXT_CPU_AVX512=OFF"; expect="x86-64-v3" ;;
+  x86-64-v3*) below="JAX_GPUEXT_CPU_MULTIVERSION=OFF"; expect="baseline" ;;
+  *) below="JAX_GPUEXT_CPU_MULTIVERSION=ON"; expect="${main_clone%% *}" ;;  # the lowest already
+esac
+env $below JAX_GPUEXT_CUDA=OFF JAX_GPUEXT_SANITIZE=address,undefined,float-cast-overflow \
   .venv-asan/bin/pip install -q -C build-dir=build/asan '.[test]'
+asan_clone=$(kernels .venv-asan/bin/python)
+echo "CPU kernels: the other legs ran $main_clone; this leg runs $asan_clone ($below)"
+case "$asan_clone" in
+  "$expect"*) ;;
+  *) echo "FAILED: this leg was to run the $expect clone, it runs $asan_clone" >&2; exit 1 ;;
+esac
 
 step "CPU tests + fuzz suite under ASan/UBSan"
 libs="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)"

@@ -1,6 +1,7 @@
 // jax_gpuext._cpu: hands the CPU handlers to Python. Handlers live in ffi/cpu/*.cc.
 #include <nanobind/nanobind.h>
 
+#include "csrc/formats/block_scaled.h"
 #include "ffi/common/module_util.h"
 
 NB_MODULE(_cpu, m) {
@@ -9,6 +10,7 @@ NB_MODULE(_cpu, m) {
     nanobind::dict info;
     gpuext::AddCommonBuildInfo(info);
     info["platform"] = "cpu";
+    info["cpu_kernels"] = gpuext::formats::CpuKernelClone();
     return info;
   });
 }

@@ -83,6 +83,8 @@ def format_table(report: dict) -> str:
             desc = f"FFI API {info['ffi_api_major']}.{info['ffi_api_minor']}"
             if kind == "cuda":
                 desc += f", CUDA {info['cuda_version']}, archs {info['architectures']}"
+            if "cpu_kernels" in info:
+                desc += f", CPU kernels {info['cpu_kernels']}"
             rows.append((f"extension _{kind}", desc))
     for part, rec in report.get("build_parts", {}).items():
         rows.append((f"part {part}", "built: " + rec["detail"] if rec["built"] else

@@ -44,6 +44,28 @@ def test_cpu_extension_is_built_against_ffi_api_0_1():
     assert (info["ffi_api_major"], info["ffi_api_minor"]) == (0, 1), info
 
 
+def test_cpu_extension_names_the_kernel_clone_this_cpu_runs():
+    """build_info's cpu_kernels (CpuKernelClone) against /proc/cpuinfo: a clone the CPU could not
+    run, or a baseline where the build has clones and the CPU takes one, is a wrong report (and CI's
+    sanitizer leg picks its build from it)."""
+    import platform
+
+    from jax_gpuext import cpu_features
+
+    kernels = _ext.build_info("cpu")["cpu_kernels"]
+    flags = cpu_features.cpu_flags()
+    if platform.machine() not in ("x86_64", "AMD64"):
+        assert kernels.startswith("portable"), kernels
+    elif kernels.startswith("x86-64-v4"):
+        assert {"avx512f", "avx512bw", "avx512vl"} <= flags, kernels
+    elif kernels.startswith("x86-64-v3"):  # also on AVX-512, in a build without the v4 clone
+        assert {"avx2", "fma", "bmi2"} <= flags, kernels
+    else:
+        assert kernels.startswith("baseline x86-64"), kernels
+        if "no clones" not in kernels:  # the resolver passed v3 over: the CPU must lack AVX2
+            assert "avx2" not in flags, kernels
+
+
 def test_cuda_extension_build_info_when_built():
     info = _ext.build_info("cuda")
     if info is None:

@@ -53,6 +53,10 @@ struct DequantizeArgs {
   void* y = nullptr;
 };
 
+// The compiled copy of the CPU kernels this CPU runs, e.g. "x86-64-v3 (AVX2)": the loader picks
+// one of the clones (block_scaled_cpu_kernels.h) by the CPU; `info` and CI print it.
+const char* CpuKernelClone();
+
 // CPU: large arrays are split across `runner`'s threads (none: the calling thread only).
 Status QuantizeCpu(const QuantizeArgs& args, const TaskRunner* runner = nullptr);
 Status DequantizeCpu(const DequantizeArgs& args, const TaskRunner* runner = nullptr);

@@ -667,6 +667,26 @@ Status CheckGlobalCount(const BlockScaledGeometry& g) {
 
 }  // namespace
 
+const char* CpuKernelClone() {
+#if defined(GPUEXT_CPU_CLONES)
+  // The clone GCC's resolver picks: the first of v4, v3 whose ISA level the CPU supports.
+#if defined(GPUEXT_CPU_AVX512_CLONE)
+  if (__builtin_cpu_supports("x86-64-v4")) return "x86-64-v4 (AVX-512)";
+#endif
+#if __GNUC__ >= 12
+  if (__builtin_cpu_supports("x86-64-v3")) return "x86-64-v3 (AVX2)";
+#else  // GCC 11 cannot name the level: its core features
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2"))
+    return "x86-64-v3 (AVX2)";
+#endif
+  return "baseline x86-64 (SSE2)";
+#elif defined(__x86_64__)
+  return "baseline x86-64 (SSE2), no clones in this build";
+#else
+  return "portable, no clones in this build";
+#endif
+}
+
 Status QuantizeCpu(const QuantizeArgs& a, const TaskRunner* runner) {
   if (Status s = CheckGlobalCount(a.geo); !s.ok()) return s;
   return Dispatch<Quantize, InF32, InBF16, InF16>(a, a.in_type, runner);
