@@ -39,10 +39,13 @@ def attempt(fn):
 
 def make_format(spec):
     """("const", name): the module constant; ("pickled" / "copied", name): a copy of it made the
-    way config systems and multiprocessing do; ("raw", value): whatever a user passed."""
+    way config systems and multiprocessing do; ("raw", value): whatever a user passed; ("pair",
+    (lhs name, rhs name)): a tuple of the two constants."""
     how, value = spec
     if how == "raw":
         return value
+    if how == "pair":
+        return tuple(getattr(gx, name) for name in value)
     fmt = getattr(gx, value)
     if how == "pickled":
         return pickle.loads(pickle.dumps(fmt))
