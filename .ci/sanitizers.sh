@@ -27,7 +27,9 @@ case "$main_clone" in
 esac
 env $below JAX_GPUEXT_CUDA=OFF JAX_GPUEXT_SANITIZE=address,undefined,float-cast-overflow \
   .venv-asan/bin/pip install -q -C build-dir=build/asan '.[test]'
-asan_clone=$(kernels .venv-asan/bin/python)
+libs="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)"
+# (the sanitized module loads only with the runtimes preloaded, as for the tests below)
+asan_clone=$(ASAN_OPTIONS=detect_leaks=0:verify_asan_link_order=0 LD_PRELOAD="$libs" kernels .venv-asan/bin/python)
 echo "CPU kernels: the other legs ran $main_clone; this leg runs $asan_clone ($below)"
 case "$asan_clone" in
   "$expect"*) ;;
@@ -35,7 +37,6 @@ case "$asan_clone" in
 esac
 
 step "CPU tests + fuzz suite under ASan/UBSan"
-libs="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)"
 log=$(mktemp)
 # detect_leaks=0: CPython and XLA keep allocations until exit by design. Python itself is not
 # instrumented, so only our module's accesses (and interposed malloc/free) are checked.
