@@ -194,15 +194,15 @@ def training_rows(n: int, iters: int):
             print(f"bench_cpu: no jax.nn column: jax.nn.scaled_dot_general {why}", file=sys.stderr)
         else:
             fns["jax.nn"] = nn
-    backends = ("auto", "reference")
-    for backend in backends:
+    ours = ("auto", "reference")  # our backends
+    for backend in ours:
         fns[backend] = step(lambda a, b, be=backend: gx.scaled_dot_general(a, b, dn, preferred_element_type=jnp.bfloat16,
                                                                            backend=be))
     t = dict(zip(fns, _time_alternating(list(fns.values()), a, b, iters=iters)))
     nn_s = t.get("jax.nn")
     return [{"format": "MXFP8_E4M3", "backend": backend, "n": n, "ours_s": t[backend], "jax_nn_s": nn_s,
              "vs_jax_nn": None if nn_s is None else nn_s / t[backend], "unquantized_s": t["unquantized"],
-             "vs_unquantized": t["unquantized"] / t[backend]} for backend in backends]
+             "vs_unquantized": t["unquantized"] / t[backend]} for backend in ours]
 
 
 def _print_tables(n, qrows, drows, trows):
