@@ -31,9 +31,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_gpuext import _ext, backends, gates
-from jax_gpuext.errors import UnsupportedError, require_bool
-from jax_gpuext.gates import GateResult
+from jax_gpuext.common import backends, gates
+from jax_gpuext.common import extension as _ext
+from jax_gpuext.common.errors import UnsupportedError, require_bool
+from jax_gpuext.common.gates import GateResult
 
 logger = logging.getLogger("jax_gpuext")
 OP = "all_reduce"
@@ -108,7 +109,7 @@ def _default_timeout() -> float:
 
 def _workspace_bytes(platform: str) -> int:
     if platform == "cuda":
-        from jax_gpuext import distributed
+        from jax_gpuext.collectives import distributed
 
         return distributed.workspace_bytes()
     return int(os.environ.get(WORKSPACE_ENV, DEFAULT_CPU_WORKSPACE_BYTES))
@@ -306,7 +307,7 @@ def _spaces_tuple(spaces, what: str) -> tuple:
     """Validates an all_reduce space mapping as ``jax_gpuext.memory`` validates every custom call
     (index 0 or -1, a space XLA accepts on custom calls, no conflicting requests) into a hashable
     sorted tuple. Runs for every backend, the ``xla`` one included, which then ignores it."""
-    from jax_gpuext import memory
+    from jax_gpuext.memory import spaces as memory
 
     return tuple(sorted(memory._normalize(spaces, 1, what, OP).items()))
 
@@ -459,7 +460,7 @@ def _group_color(axes: tuple):
 def _ffi_all_reduce(x, cfg: _Config):
     platform = backends.current_platform()
     if platform == "cuda":
-        from jax_gpuext import distributed
+        from jax_gpuext.collectives import distributed
 
         distributed.ensure_initialized()  # lazy: first use bootstraps NVSHMEM and registers _nvshmem
     rank = lax.axis_index(cfg.axes).astype(jnp.int32)
@@ -488,7 +489,7 @@ def _lower(x, rank, color, attrs, cfg: _Config):
         target = GRAPH_TARGET  # no host check per call: timeouts surface via distributed.check_status()
     result = jax.ShapeDtypeStruct(x.shape, x.dtype)
     if cfg.operand_spaces or cfg.result_spaces:
-        from jax_gpuext import memory
+        from jax_gpuext.memory import spaces as memory
 
         return memory.ffi_call(target, result, x, rank, color, operand_spaces=dict(cfg.operand_spaces),
                                result_spaces=dict(cfg.result_spaces), strict=cfg.strict_spaces,
@@ -511,7 +512,7 @@ def tensor_parallel_mlp(mesh_axis: str = "tp", *, algorithm: str = "auto", matmu
     def matmul(a, b):
         if matmul_format is None:
             return a @ b
-        from jax_gpuext.dot import scaled_dot_general  # dot imports this module's package
+        from jax_gpuext.dot import scaled_dot_general  # only the demo's matmuls need the dot
 
         dims = (((a.ndim - 1,), (0,)), ((), ()))
         return scaled_dot_general(a, b, dims, preferred_element_type=jnp.float32, format=matmul_format)
@@ -556,7 +557,8 @@ def demo_steps():
             print(f"tensor-parallel MLP on {n} device(s), all_reduce algorithm={algorithm}: max |err| = {err:.2e}")
             if not err < 1e-4:
                 raise AssertionError(f"MLP mismatch {err} for {algorithm}")
-        from jax_gpuext import MXFP8_E4M3, explain
+        from jax_gpuext.common.explain import explain
+        from jax_gpuext.formats import MXFP8_E4M3
 
         # The same layer with MXFP8 block-scaled matmuls: error at the format's level, not 1e-6.
         f, mesh = tensor_parallel_mlp(matmul_format=MXFP8_E4M3)

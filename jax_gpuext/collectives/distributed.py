@@ -10,7 +10,8 @@ JAX's distributed key-value store, and every process then calls
 exception here, not a later ``exit(-1)`` inside NVSHMEM.
 
 ``jax_gpuext._nvshmem`` is a module of its own, linked against ``libnvshmem_host.so.3`` and
-imported only from here, so ``import jax_gpuext`` works without NVSHMEM.
+loaded only for it (``jax_gpuext.common.extension.load_nvshmem``), so ``import jax_gpuext`` works
+without NVSHMEM.
 """
 
 from __future__ import annotations
@@ -18,14 +19,12 @@ from __future__ import annotations
 import atexit
 import base64
 import dataclasses
-import functools
-import importlib
 import logging
 import os
 import threading
 
-from jax_gpuext import _ext, _libs
-from jax_gpuext.errors import UnsupportedError
+from jax_gpuext.common import extension as _ext
+from jax_gpuext.common.errors import UnsupportedError
 
 logger = logging.getLogger("jax_gpuext")
 
@@ -56,28 +55,6 @@ class NvshmemInfo:
 
 _lock = threading.RLock()
 _info: NvshmemInfo | None = None
-
-
-@functools.cache
-def load_module():
-    """``(jax_gpuext._nvshmem, None)`` or ``(None, why not)``; loads libnvshmem_host first."""
-    lib, where = _libs.load("nvshmem")
-    if lib is None:
-        return None, where
-    try:
-        mod = importlib.import_module("jax_gpuext._nvshmem")
-    except ImportError as e:
-        if "No module named" in str(e):
-            return None, _ext.missing_part_reason("nvshmem_allreduce") or ("jax_gpuext._nvshmem was not built (NVSHMEM headers not found at build time: "
-                          "install nvidia-nvshmem-cu13 in the build environment, JAX_GPUEXT_NVSHMEM=ON)")
-        return None, f"jax_gpuext._nvshmem failed to import: {e}"
-    # Our libnvshmem_device.a copy needs a host library of the same major and no older minor.
-    built = tuple(int(v) for v in mod.build_info()["nvshmem_version"].split(".")[:2])
-    have, _ = _libs.version("nvshmem")
-    if have is None or have[0] != built[0] or have[1] < built[1]:
-        return None, (f"libnvshmem_host {have} cannot run device code built against NVSHMEM {built}: "
-                      "needs the same major and a minor >= the build's")
-    return mod, None
 
 
 def workspace_bytes() -> int:
@@ -123,7 +100,7 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
             raise UnsupportedError("jax_gpuext.distributed.initialize needs one GPU per process",
                                    reason=f"this process drives {len(devices)} GPUs; start one process per GPU "
                                           "(or set CUDA_VISIBLE_DEVICES) and jax.distributed.initialize")
-        mod, why = load_module()
+        mod, why = _ext.load_nvshmem()
         if mod is None:
             raise UnsupportedError("NVSHMEM all-reduce module unavailable", reason=why)
         # On-stream library reductions would otherwise silently call ncclAllReduce (REFERENCE 5).
@@ -175,7 +152,7 @@ def check_status() -> None:
     """
     if _info is None:
         return
-    mod, _ = load_module()
+    mod, _ = _ext.load_nvshmem()
     mod.check_status()
 
 
@@ -190,7 +167,7 @@ def shutdown() -> None:
     with _lock:
         if _info is None:
             return
-        mod, _ = load_module()
+        mod, _ = _ext.load_nvshmem()
         if os.environ.get("JAX_GPUEXT_NVSHMEM_FINALIZE", "1") != "0" and mod is not None:
             mod.free_workspace()
             if not _info.external:

@@ -24,8 +24,8 @@ import logging
 import os
 from typing import Any, Callable
 
-from jax_gpuext import gates
-from jax_gpuext.errors import UnsupportedError
+from jax_gpuext.common import gates
+from jax_gpuext.common.errors import UnsupportedError
 
 logger = logging.getLogger("jax_gpuext")
 
@@ -151,7 +151,7 @@ def unverified(op: str, b: Backend, platform_name: str) -> str | None:
 
     Only on a CUDA device: the record is per architecture. Lowering for cuda ahead of time on a
     host without one is left to the backends' own gates (most need ``cuda_device``)."""
-    from jax_gpuext import verified
+    from jax_gpuext.common import verified
 
     if platform_name != "cuda" or verified.architecture() is None:
         return None
@@ -207,7 +207,7 @@ def select(op: str, requested: str = "auto", *, problem=None) -> Selection:
                        op, requested, unv)
         return _record(sel)
 
-    from jax_gpuext import verified
+    from jax_gpuext.common import verified
 
     rejected, skipped_same_platform, unverified_names, allowed = [], False, [], {}
     for b in candidates:

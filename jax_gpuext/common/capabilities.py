@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import platform as _platform
+from typing import Callable
 
-from jax_gpuext import _ext, _libs, gates, verified
+from jax_gpuext.common import extension as _ext
+from jax_gpuext.common import gates, verified
+from jax_gpuext.common import libs as _libs
 
 
 def _devices() -> list[dict]:
@@ -32,15 +35,16 @@ def _library(key: str) -> dict:
             "where" if v is not None else "error": where}
 
 
-def _fp4_layouts() -> dict:
-    """XLA's float4_e2m1fn buffer layout per platform, as measured (jax_gpuext.fp4_layout)."""
-    from jax_gpuext import formats
+# Report sections a capability package adds (formats: "fp4_layout", the measured float4 layout).
+# common/ imports no capability package, so each registers its section when it is imported; the
+# package root imports every capability before any submodule can be used (docs/design.md,
+# "Where things are").
+_SECTIONS: dict[str, Callable[[], dict]] = {}
 
-    out = {}
-    for platform in ("cpu", "cuda"):
-        layout = formats.FP4_PACKED.layout(platform)
-        out[platform] = {"layout": layout.layout, "fp4_packed": layout.packed, "how": layout.how}
-    return out
+
+def register_section(key: str, build: Callable[[], dict]) -> None:
+    """Adds ``build()`` to the report as ``report[key]``, after the libraries."""
+    _SECTIONS[key] = build
 
 
 def capabilities() -> dict:
@@ -60,7 +64,7 @@ def capabilities() -> dict:
         "devices": _devices(),
         "cuda_driver": None if dv is None else f"{dv // 1000}.{dv % 1000 // 10}",
         "libraries": {key: _library(key) for key in _libs.LIBRARIES},
-        "fp4_layout": _fp4_layouts(),
+        **{key: build() for key, build in _SECTIONS.items()},
         "gates": {
             name: {"supported": r.supported, "reason": r.reason, "requires": g.requires, "why": g.why,
                    "category": g.category}
@@ -129,9 +133,9 @@ def gates_markdown() -> str:
 def backends_markdown() -> str:
     """"Which backend will I get": every op's backends in ``auto``'s preference order, with the
     gates each needs (what they require, from the gates table) and what problems it takes."""
-    import jax_gpuext  # noqa: F401  (importing the package registers every op's backends)
-
-    from jax_gpuext import backends
+    # Every op's backends are registered: the package root imports each capability package, and
+    # it runs before any submodule of it (this one included) can be imported.
+    from jax_gpuext.common import backends
 
     out = []
     for op in backends.ops():

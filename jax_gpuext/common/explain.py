@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from jax_gpuext import backends
+from jax_gpuext.common import backends
 
 
 @dataclasses.dataclass

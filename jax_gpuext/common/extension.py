@@ -12,6 +12,8 @@ import importlib
 import logging
 import threading
 
+from jax_gpuext.common import libs as _libs
+
 logger = logging.getLogger("jax_gpuext")
 
 # XLA's platform names. "CUDA" must be spelled exactly so (REFERENCE section 1).
@@ -103,3 +105,28 @@ def set_library_path(name: str, path: str | None) -> None:
     mod = module("cuda")
     if mod is not None and mod.library_path(name) != (path or ""):
         mod.set_library_path(name, path or "")
+
+
+@functools.cache
+def load_nvshmem():
+    """``(jax_gpuext._nvshmem, None)`` or ``(None, why not)``; loads libnvshmem_host first.
+
+    Only the all-reduce bootstrap (``jax_gpuext.distributed``) and the ``nvshmem_allreduce_module``
+    gate call it, so ``import jax_gpuext`` never needs libnvshmem_host."""
+    lib, where = _libs.load("nvshmem")
+    if lib is None:
+        return None, where
+    try:
+        mod = importlib.import_module("jax_gpuext._nvshmem")
+    except ImportError as e:
+        if "No module named" in str(e):
+            return None, missing_part_reason("nvshmem_allreduce") or ("jax_gpuext._nvshmem was not built (NVSHMEM headers not found at build time: "
+                          "install nvidia-nvshmem-cu13 in the build environment, JAX_GPUEXT_NVSHMEM=ON)")
+        return None, f"jax_gpuext._nvshmem failed to import: {e}"
+    # Our libnvshmem_device.a copy needs a host library of the same major and no older minor.
+    built = tuple(int(v) for v in mod.build_info()["nvshmem_version"].split(".")[:2])
+    have, _ = _libs.version("nvshmem")
+    if have is None or have[0] != built[0] or have[1] < built[1]:
+        return None, (f"libnvshmem_host {have} cannot run device code built against NVSHMEM {built}: "
+                      "needs the same major and a minor >= the build's")
+    return mod, None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jax
 
-from jax_gpuext import _ext
+from jax_gpuext.common import extension as _ext
 
 
 def ffi_call(target: str, result_shape_dtypes, *args, vmap_method: str = "sequential", **attributes):

@@ -13,8 +13,9 @@ import dataclasses
 import functools
 from typing import Callable, NamedTuple
 
-from jax_gpuext import _ext, _libs
-from jax_gpuext.errors import UnsupportedError
+from jax_gpuext.common import extension as _ext
+from jax_gpuext.common import libs as _libs
+from jax_gpuext.common.errors import UnsupportedError
 
 
 class GateResult(NamedTuple):
@@ -385,9 +386,7 @@ def _cudnn_dot_built():
        "the NVSHMEM all-reduce kernels live in their own module, built only where NVSHMEM headers "
        "were found, so that `import jax_gpuext` never needs libnvshmem_host")
 def _nvshmem_allreduce_module():
-    from jax_gpuext import distributed
-
-    mod, why = distributed.load_module()
+    mod, why = _ext.load_nvshmem()
     if mod is None:
         return GateResult(False, why)
     info = mod.build_info()

@@ -22,8 +22,9 @@ import json
 import os
 import pathlib
 
-from jax_gpuext import _ext, gates
-from jax_gpuext.gates import GateResult
+from jax_gpuext.common import extension as _ext
+from jax_gpuext.common import gates
+from jax_gpuext.common.gates import GateResult
 
 ALLOW_ENV = "JAX_GPUEXT_ALLOW_UNVERIFIED"
 RECORD_PATH = pathlib.Path(__file__).with_name("verified.json")

@@ -23,9 +23,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_gpuext import _ext, _ffi, _libs, backends, formats, gates
-from jax_gpuext import dot as _dot
-from jax_gpuext.gates import GateResult
+from jax_gpuext import formats
+from jax_gpuext.common import backends, gates
+from jax_gpuext.common import extension as _ext
+from jax_gpuext.common import ffi as _ffi
+from jax_gpuext.common import libs as _libs
+from jax_gpuext.common.gates import GateResult
+from jax_gpuext.dot import common as _dot
 
 TARGET = "gpuext_block_scaled_dot_cublaslt"
 # cuBLAS recommends 32 MiB of workspace on Hopper/Blackwell; passed as an extra result so the
@@ -232,13 +236,13 @@ def impl(lhs, rhs, p, sel):
     return _dot.from_canonical(out[:, :m], p)
 
 
-def register() -> None:
-    gates_needed = ("cuda_extension", "cuda_device", "cuda_driver", "fp8_tensor_cores", "cublaslt_dot_built",
-                    "cublaslt_fp8")
-    _dot.register_impl("cublaslt", backends.Backend(
-        "cublaslt", ("cuda",), gates_needed,
-        "cuBLASLt scaled FP8/FP4 matmul (per-tensor FP8; Hopper: 1x128/128x128; Blackwell: MXFP8/NVFP4)", supports,
-        takes="N with 16-byte output rows, K > 0; FP8_TENSOR (K, N % 16 == 0); "
-              "N % 8 in every block-scaling mode; on Hopper with cuBLAS >= 12.9 FP8_1x128 x FP8_128x128 or "
-              "FP8_1x128 (K % 128 == 0; bfloat16 / float32 output); on Blackwell with cuBLAS >= 12.8.4 MXFP8 / NVFP4 (K % 32 == 0); never E5M2 x E5M2; "
-              "when the heuristic finds an algorithm on every local GPU at trace time"), impl)
+# Backend ``cublaslt`` of ``block_scaled_dot``: dot/block_scaled_dot.py registers it with ``impl``.
+_GATES_NEEDED = ("cuda_extension", "cuda_device", "cuda_driver", "fp8_tensor_cores", "cublaslt_dot_built",
+                 "cublaslt_fp8")
+BACKEND = backends.Backend(
+    "cublaslt", ("cuda",), _GATES_NEEDED,
+    "cuBLASLt scaled FP8/FP4 matmul (per-tensor FP8; Hopper: 1x128/128x128; Blackwell: MXFP8/NVFP4)", supports,
+    takes="N with 16-byte output rows, K > 0; FP8_TENSOR (K, N % 16 == 0); "
+          "N % 8 in every block-scaling mode; on Hopper with cuBLAS >= 12.9 FP8_1x128 x FP8_128x128 or "
+          "FP8_1x128 (K % 128 == 0; bfloat16 / float32 output); on Blackwell with cuBLAS >= 12.8.4 MXFP8 / NVFP4 (K % 32 == 0); never E5M2 x E5M2; "
+          "when the heuristic finds an algorithm on every local GPU at trace time")

@@ -19,9 +19,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_gpuext import _ext, _ffi, _libs, backends, formats, gates
-from jax_gpuext import dot as _dot
-from jax_gpuext.gates import GateResult
+from jax_gpuext import formats
+from jax_gpuext.common import backends, gates
+from jax_gpuext.common import extension as _ext
+from jax_gpuext.common import ffi as _ffi
+from jax_gpuext.common import libs as _libs
+from jax_gpuext.common.gates import GateResult
+from jax_gpuext.dot import common as _dot
 
 TARGET = "gpuext_block_scaled_dot_cudnn"
 # Largest workspace we let a plan use; plans wanting more are skipped at build time.
@@ -139,11 +143,11 @@ def impl(lhs, rhs, p, sel):
     return _dot.from_canonical(out, p)
 
 
-def register() -> None:
-    _dot.register_impl("cudnn", backends.Backend(
-        "cudnn", ("cuda",),
-        ("cuda_extension", "cuda_device", "cuda_driver", "blackwell", "cudnn_block_scale", "cudnn_dot_built",
-         "cudnn_frontend_cudart"),
-        "cuDNN graph: block_scale_dequantize x2 + matmul (Blackwell MXFP8/NVFP4)", supports,
-        takes="MXFP8 (not E5M2 x E5M2) and NVFP4 with K % 128 == 0, when cuDNN builds the graph on every "
-              "local GPU at trace time"), impl)
+# Backend ``cudnn`` of ``block_scaled_dot``: dot/block_scaled_dot.py registers it with ``impl``.
+BACKEND = backends.Backend(
+    "cudnn", ("cuda",),
+    ("cuda_extension", "cuda_device", "cuda_driver", "blackwell", "cudnn_block_scale", "cudnn_dot_built",
+     "cudnn_frontend_cudart"),
+    "cuDNN graph: block_scale_dequantize x2 + matmul (Blackwell MXFP8/NVFP4)", supports,
+    takes="MXFP8 (not E5M2 x E5M2) and NVFP4 with K % 128 == 0, when cuDNN builds the graph on every "
+          "local GPU at trace time")

@@ -41,9 +41,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_gpuext import _ext, _ffi, backends, gates
-from jax_gpuext import dot as _dot
-from jax_gpuext.gates import GateResult
+from jax_gpuext.common import backends, gates
+from jax_gpuext.common import extension as _ext
+from jax_gpuext.common import ffi as _ffi
+from jax_gpuext.common.gates import GateResult
+from jax_gpuext.dot import common as _dot
 
 TARGET = "gpuext_hopper_mx_dot"
 BLOCK = 32  # the kernel's scale block along K (one k32 wgmma)
@@ -285,11 +287,9 @@ def autotune(b, m, n, k, a_dtype=_E4M3, b_dtype=_E4M3, out_dtype=jnp.bfloat16, *
 
 
 # --------------------------------------------------------------------------- registration
-def register() -> None:
-    """Registers backend ``hopper_mx`` of ``block_scaled_dot`` (called from dot.py, in order)."""
-    _dot.register_impl("hopper_mx", backends.Backend(
-        "hopper_mx", ("cuda",), ("cuda_extension", "cuda_device", "cuda_driver", "hopper"),
-        "our sm_90a kernel: FP8 wgmma with per-32 block scales applied to fp32 partials "
-        "(MXFP8; MXFP4 and NVFP4 widened to E4M3)", supports,
-        takes="MXFP8 / MXFP4 in any pairing, or NVFP4 x NVFP4, any M, N, 0 < K < 2^31, batch <= 65535; _cuda built for 90a"),
-        impl)
+# Backend ``hopper_mx`` of ``block_scaled_dot``: dot/block_scaled_dot.py registers it with ``impl``.
+BACKEND = backends.Backend(
+    "hopper_mx", ("cuda",), ("cuda_extension", "cuda_device", "cuda_driver", "hopper"),
+    "our sm_90a kernel: FP8 wgmma with per-32 block scales applied to fp32 partials "
+    "(MXFP8; MXFP4 and NVFP4 widened to E4M3)", supports,
+    takes="MXFP8 / MXFP4 in any pairing, or NVFP4 x NVFP4, any M, N, 0 < K < 2^31, batch <= 65535; _cuda built for 90a")

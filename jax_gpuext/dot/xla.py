@@ -34,9 +34,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_gpuext import backends, cpu_features, formats
-from jax_gpuext import dot as _dot
-from jax_gpuext.gates import GateResult
+from jax_gpuext.common import backends, cpu_features
+from jax_gpuext.common.gates import GateResult
+from jax_gpuext.dot import common as _dot
+from jax_gpuext.formats.quantize import _broadcast_leading
 
 BF16_MIN_EXPONENT = -133  # the smallest bfloat16 subnormal is 2^-133
 BF16_SIGNIFICAND_BITS = 8  # 7 stored + the implicit bit
@@ -128,7 +129,7 @@ def _per_tensor_dot(lhs, rhs, p: _dot.DotProblem, sel) -> jax.Array:
     acc = _dot_general(lhs.data, rhs.data, p)
     # A scale with leading dims (quantized under vmap) has one value per entry of the first
     # batch dims (validated in dot._problem), which lead dot_general's output too.
-    scales = [formats._broadcast_leading(q.scale.astype(jnp.float32), acc.ndim) for q in (lhs, rhs)]
+    scales = [_broadcast_leading(q.scale.astype(jnp.float32), acc.ndim) for q in (lhs, rhs)]
     return (acc * (scales[0] * scales[1])).astype(p.out_dtype)
 
 
@@ -161,11 +162,10 @@ def _prefers(p) -> GateResult:
     return GateResult(True, "")
 
 
-def register() -> None:
-    """Registers backend ``xla`` of ``block_scaled_dot`` (called from dot.py, after our kernels)."""
-    _dot.register_impl("xla", backends.Backend(
-        "xla", ("cuda", "cpu"), (),
-        "XLA only: MX / NVFP4 dequantized to bf16 + XLA dot with f32 accumulation (f32 where bf16 is not "
-        "exact); FP8_TENSOR through XLA's FP8 dot; FP8 blockwise on the f32 reference",
-        takes="every format pair of one family, any shape; auto on CPU: MX and NVFP4 where the CPU has bf16 dot "
-              "instructions", prefers=_prefers), impl)
+# Backend ``xla`` of ``block_scaled_dot``: dot/block_scaled_dot.py registers it with ``impl``.
+BACKEND = backends.Backend(
+    "xla", ("cuda", "cpu"), (),
+    "XLA only: MX / NVFP4 dequantized to bf16 + XLA dot with f32 accumulation (f32 where bf16 is not "
+    "exact); FP8_TENSOR through XLA's FP8 dot; FP8 blockwise on the f32 reference",
+    takes="every format pair of one family, any shape; auto on CPU: MX and NVFP4 where the CPU has bf16 dot "
+          "instructions", prefers=_prefers)

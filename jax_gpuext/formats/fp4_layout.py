@@ -16,7 +16,7 @@ The result feeds ``jax_gpuext.formats.FP4_PACKED`` (the handlers' ``fp4_packed``
 formats backends' ``supports()`` (a layout our handlers cannot read is a rejection with the bytes
 as the reason, so ``auto`` moves to the reference visibly), ``explain`` notes and
 ``python -m jax_gpuext info``. The GPU dot backends do not depend on it: they pack FP4 themselves
-from values (``dot.pack_fp4``).
+from values (``dot.common.pack_fp4``).
 """
 
 from __future__ import annotations
@@ -38,6 +38,12 @@ NOT_PROBED = "not probed"
 # The layouts our handlers read, as their fp4_packed attribute (csrc/formats/block_scaled_io.h).
 PACKED_FLAG = {LOW_FIRST: True, ONE_PER_BYTE: False}
 
+# The dequantize handler's contract as the probe calls it: the target and NVFP4's format code
+# (csrc/formats/block_scaled_math.h). formats.quantize, which imports this module, names the same
+# (DEQUANTIZE_TARGET, NVFP4.code); stated here rather than imported back, which would be an import
+# circle (tests/common/test_layout.py checks that the two agree).
+DEQUANTIZE_TARGET = "gpuext_dequantize"
+NVFP4_CODE = 2
 _E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], np.float32)
 _N = 64  # four NVFP4 blocks; every code appears in both nibble positions
 _WRITTEN = _E2M1[np.arange(_N) * 5 % 16]
@@ -88,14 +94,14 @@ def _bytes_as_read(read: np.ndarray, count: int = 8) -> str:
 
 def _read_packed_low_first(device) -> np.ndarray:
     """XLA writes _WRITTEN as float4 on ``device``; gpuext_dequantize reads it back as packed."""
-    from jax_gpuext import _ffi, formats
+    from jax_gpuext.common import ffi as _ffi
 
     def program(x):
         data = x.astype(jnp.float4_e2m1fn).reshape(1, _N)
         one = jnp.full((1, _N // 16), 1.0, jnp.float8_e4m3fn)  # unit block scales: values come back as is
-        return _ffi.ffi_call(formats.DEQUANTIZE_TARGET, jax.ShapeDtypeStruct((1, _N), jnp.float32), data, one,
+        return _ffi.ffi_call(DEQUANTIZE_TARGET, jax.ShapeDtypeStruct((1, _N), jnp.float32), data, one,
                              jnp.ones((), jnp.float32), vmap_method="broadcast_all",
-                             format=np.int32(formats.NVFP4.code), axis=np.int64(-1), fp4_packed=np.int32(1))
+                             format=np.int32(NVFP4_CODE), axis=np.int64(-1), fp4_packed=np.int32(1))
 
     # Possibly called while a function is being traced (the first quantize): run it now, eagerly.
     with jax.ensure_compile_time_eval():
@@ -115,7 +121,7 @@ def probe(platform: str) -> Layout:
 
 
 def _measure(platform: str) -> Layout:
-    from jax_gpuext import gates
+    from jax_gpuext.common import gates
 
     r = gates.check(f"{platform}_extension")
     if not r.supported:

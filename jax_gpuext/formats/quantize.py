@@ -19,9 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_gpuext import _ffi, backends, gates
-from jax_gpuext import _formats_reference as ref
-from jax_gpuext.errors import UnsupportedError, require_bool
+from jax_gpuext.common import backends, gates
+from jax_gpuext.common import ffi as _ffi
+from jax_gpuext.common.errors import UnsupportedError, require_bool
+from jax_gpuext.formats import reference as ref
 
 QUANTIZE_OP = "quantize"
 DEQUANTIZE_OP = "dequantize"
@@ -118,7 +119,7 @@ class _Fp4Packed(collections.abc.MutableMapping):
         self._overrides: dict[str, bool] = {}
 
     def layout(self, platform: str):
-        from jax_gpuext import fp4_layout
+        from jax_gpuext.formats import fp4_layout
 
         if platform in self._overrides:
             name = fp4_layout.LOW_FIRST if self._overrides[platform] else fp4_layout.ONE_PER_BYTE
@@ -598,7 +599,7 @@ def from_blackwell_scale_layout(tiled, shape):
 # --------------------------------------------------------------------------- demo
 def demo_steps():
     """One demo step per format: quantize, dequantize, error stats and the backend verdict."""
-    from jax_gpuext.explain import explain
+    from jax_gpuext.common.explain import explain
 
     def step(fmt):
         def run():

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from jax_gpuext import formats
+from jax_gpuext.formats.quantize import BlockFormat, BlockScaledArray, FP8_128x128, FP8_1x128, MXFP4, MXFP8_E4M3
 
 # E4M3: largest binade exponent with room for 1.5 (1.5 * 2**8 = 384 <= 448), smallest exact
 # exponent of sig 1 (2**-9, the smallest subnormal) and of sig 1.5 (3 * 2**-9).
@@ -52,12 +52,12 @@ class _Decoded:
     nan: np.ndarray  # bool: the element's E8M0 scale is 0xFF (NaN)
 
 
-def _decode(q: formats.BlockScaledArray) -> _Decoded:
+def _decode(q: BlockScaledArray) -> _Decoded:
     """Per-element (sign, significand, exponent) of an MXFP4 array, in exact integer terms."""
     codes = np.asarray(q.data).astype(np.float64)  # every E2M1 value is exact in float64
     s = np.asarray(q.scale).view(np.uint8).astype(np.int64)
     ax = q.axis % codes.ndim
-    s = np.take(np.repeat(s, formats.MXFP4.block[0], axis=ax), np.arange(codes.shape[ax]), axis=ax)
+    s = np.take(np.repeat(s, MXFP4.block[0], axis=ax), np.arange(codes.shape[ax]), axis=ax)
     frac, e = np.frexp(np.abs(codes))  # |c| = frac * 2**e, frac in [0.5, 1)
     sig = np.where(codes == 0, 0.0, 2.0 * frac)
     t = e.astype(np.int64) - 1
@@ -88,10 +88,10 @@ def _refuse(tile_index, sig_tile, p_tile, what: str) -> InexactTileError:
                             f"{tile[-1] * TILE}..) cannot be re-encoded exactly: {reason}", tile, reason)
 
 
-def mxfp4_to_fp8_128x128(q: formats.BlockScaledArray) -> formats.BlockScaledArray:
+def mxfp4_to_fp8_128x128(q: BlockScaledArray) -> BlockScaledArray:
     """The same values as FP8_128x128 (tiles over the last two axes), bit for bit, or
     ``InexactTileError`` for the first tile that cannot be exact. Host-side (NumPy), once."""
-    if not isinstance(q, formats.BlockScaledArray) or q.format.name != "MXFP4":
+    if not isinstance(q, BlockScaledArray) or q.format.name != "MXFP4":
         raise TypeError(f"mxfp4_to_fp8_128x128 takes an MXFP4 BlockScaledArray, got {q!r}")
     if q.data.ndim < 2:
         raise ValueError(f"FP8_128x128 tiles the last two axes: the MXFP4 array needs rank >= 2, "
@@ -124,7 +124,7 @@ def mxfp4_to_fp8_128x128(q: formats.BlockScaledArray) -> formats.BlockScaledArra
     vals = np.where(d.sign, -vals, vals)
     data = vals.astype(ml_dtypes.float8_e4m3fn)
     scale = np.ldexp(np.float32(1), e.astype(np.int32)).astype(np.float32)
-    return formats.BlockScaledArray(jnp.asarray(data), jnp.asarray(scale), None, formats.FP8_128x128, -1)
+    return BlockScaledArray(jnp.asarray(data), jnp.asarray(scale), None, FP8_128x128, -1)
 
 
 # --------------------------------------------------------------------------- choosing at load time
@@ -135,32 +135,32 @@ HOPPER_FP8_GATES = ("hopper", "cublaslt_blockwise_fp8", "cublaslt_dot_built", "c
 class ServingWeight:
     """A weight as it will be served: the array, the activation format to pair with it, and why."""
 
-    weight: formats.BlockScaledArray
-    activation_format: formats.BlockFormat
+    weight: BlockScaledArray
+    activation_format: BlockFormat
     reason: str
 
 
-def serving_weight(q: formats.BlockScaledArray) -> ServingWeight:
+def serving_weight(q: BlockScaledArray) -> ServingWeight:
     """Load-time choice for an MXFP4 weight. On Hopper with cuBLASLt's FP8 blockwise scaling, the
     weight is re-encoded exactly to FP8_128x128 and paired with FP8_1x128 activations (the cuBLASLt
     path); where a tile cannot be exact, or elsewhere, it stays MXFP4 with MXFP8_E4M3 activations
     (hopper_mx on Hopper, cuDNN/cuBLASLt where they take it, the reference on CPU). The reason is
     logged on logger ``jax_gpuext``, never silent."""
-    from jax_gpuext import backends, gates
+    from jax_gpuext.common import backends, gates
 
-    if not isinstance(q, formats.BlockScaledArray) or q.format.name != "MXFP4":
+    if not isinstance(q, BlockScaledArray) or q.format.name != "MXFP4":
         raise TypeError(f"serving_weight takes an MXFP4 BlockScaledArray, got {q!r}")
     r = gates.check_all(HOPPER_FP8_GATES)
     if not r.supported:
         why = f"kept MXFP4 with MXFP8_E4M3 activations: the Hopper FP8 blockwise path is closed ({r.reason})"
         backends.logger.info("serving_weight: %s", why)
-        return ServingWeight(q, formats.MXFP8_E4M3, why)
+        return ServingWeight(q, MXFP8_E4M3, why)
     try:
         f = mxfp4_to_fp8_128x128(q)
     except InexactTileError as e:
         why = f"kept MXFP4 with MXFP8_E4M3 activations (hopper_mx): {e}"
         backends.logger.warning("serving_weight: %s", why)
-        return ServingWeight(q, formats.MXFP8_E4M3, why)
+        return ServingWeight(q, MXFP8_E4M3, why)
     why = "re-encoded exactly to FP8_128x128 (docs/formats.md), FP8_1x128 activations: cuBLASLt on Hopper"
     backends.logger.info("serving_weight: %s", why)
-    return ServingWeight(f, formats.FP8_1x128, why)
+    return ServingWeight(f, FP8_1x128, why)

@@ -35,8 +35,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from jax_gpuext import _ext, backends, gates
-from jax_gpuext.errors import UnsupportedError, require_bool
+from jax_gpuext.common import backends, gates
+from jax_gpuext.common import extension as _ext
+from jax_gpuext.common.errors import UnsupportedError, require_bool
 
 logger = logging.getLogger("jax_gpuext")
 
@@ -475,7 +476,7 @@ def _demo_place():
     import jax
     import jax.numpy as jnp
 
-    import jax_gpuext
+    from jax_gpuext.common.explain import explain
 
     x = jnp.arange(8, dtype=jnp.float32)
     f = jax.jit(lambda x: place(x * 2, MemorySpace.COLLECTIVE))
@@ -484,7 +485,7 @@ def _demo_place():
     text = f.trace(x).lower(lowering_platforms=("cuda",)).as_text()
     line = next(l.strip() for l in text.splitlines() if PLACE_TARGET in l)
     print("CUDA lowering (ahead of time):", line[:160] + ("..." if len(line) > 160 else ""))
-    print(jax_gpuext.explain(lambda x: place(x * 2, MemorySpace.COLLECTIVE), x))
+    print(explain(lambda x: place(x * 2, MemorySpace.COLLECTIVE), x))
 
 
 def demo_steps():
