@@ -28,7 +28,7 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 import pytest
 
 import jax_gpuext
-from jax_gpuext import gates
+from jax_gpuext.common import gates
 
 REQUIRE_GPU = os.environ.get("JAX_GPUEXT_REQUIRE_GPU", "") not in ("", "0")
 # Gates a GPU run cannot open by installing anything: the GPU in the machine is another

@@ -18,7 +18,7 @@ import pytest
 
 import jax_gpuext as gx
 from jax_gpuext import checkpoints as ck
-from jax_gpuext import reencode
+from jax_gpuext.formats import reencode
 
 E2M1_LUT = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float64)
 

@@ -28,9 +28,10 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_gpuext
 from jax_gpuext import collectives
+from jax_gpuext.collectives.all_reduce import _NARROW_FLOATS
 
 N = 8
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 WORKSPACE_BYTES = 512  # per rank: 300 float64 = 2400 B run in many chunks
 SIZES = (0, 1, 37, 300)  # elements per device: empty, one, odd, larger than the workspace
 KERNELS = ("one_shot", "two_shot")
@@ -116,7 +117,7 @@ def test_matches_xla_collective(mesh, dtype, op):
     # and the xla backend against the plain lax collective / NumPy
     x = np.asarray(xs[-1])
     direct = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}.get(op)
-    if direct is not None and dtype not in collectives._NARROW_FLOATS and dtype != "bool":
+    if direct is not None and dtype not in _NARROW_FLOATS and dtype != "bool":
         ref = _shard_map(lambda v: direct(v, "i"), mesh, P("i"), P("i"))(xs[-1])
         np.testing.assert_array_equal(np.asarray(outs[-1]), np.asarray(ref))
     if "float" in dtype and dtype != "float64":

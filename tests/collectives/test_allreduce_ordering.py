@@ -10,8 +10,9 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import jax_gpuext
-from jax_gpuext import backends, collectives
-from jax_gpuext.gates import GateResult
+from jax_gpuext import collectives
+from jax_gpuext.common import backends, gates
+from jax_gpuext.common.gates import GateResult
 
 GRAPH = {collectives.GRAPH_SAFE_ENV: "1"}
 CONCURRENT = "--xla_gpu_command_buffer_scheduling_mode=CONCURRENT"
@@ -38,7 +39,7 @@ def test_command_buffer_ordering(env, ok):
 @pytest.fixture
 def cuda_kernels_available(monkeypatch):
     """Every gate the CUDA kernels need, opened: what is left to decide is the scheduling mode."""
-    monkeypatch.setattr(collectives.gates, "check_all", lambda names: GateResult(True, "opened for the test"))
+    monkeypatch.setattr(gates, "check_all", lambda names: GateResult(True, "opened for the test"))
 
 
 def test_a_named_kernel_under_concurrent_scheduling_raises_at_trace_time(monkeypatch, cuda_kernels_available):

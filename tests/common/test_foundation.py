@@ -13,8 +13,10 @@ import jax.numpy as jnp
 import pytest
 
 import jax_gpuext
-from jax_gpuext import _ext, backends, gates
-from jax_gpuext.errors import UnsupportedError
+from jax_gpuext import UnsupportedError
+from jax_gpuext.common import backends
+from jax_gpuext.common import extension as _ext
+from jax_gpuext.common import gates
 
 
 # --------------------------------------------------------------------------- import / build
@@ -50,7 +52,7 @@ def test_cpu_extension_names_the_kernel_clone_this_cpu_runs():
     sanitizer leg picks its build from it)."""
     import platform
 
-    from jax_gpuext import cpu_features
+    from jax_gpuext.common import cpu_features
 
     kernels = _ext.build_info("cpu")["cpu_kernels"]
     flags = cpu_features.cpu_flags()
@@ -258,7 +260,7 @@ def test_cli_info_table_and_json():
 
 
 def test_gates_markdown_lists_every_gate():
-    from jax_gpuext.capabilities import gates_markdown
+    from jax_gpuext.common.capabilities import gates_markdown
 
     text = gates_markdown()
     for name in gates.GATES:
@@ -266,9 +268,9 @@ def test_gates_markdown_lists_every_gate():
 
 
 def test_docs_gates_table_is_up_to_date():
-    from jax_gpuext.capabilities import gates_markdown
+    from jax_gpuext.common.capabilities import gates_markdown
 
-    page = pathlib.Path(__file__).resolve().parents[1] / "docs" / "gates.md"
+    page = pathlib.Path(__file__).resolve().parents[2] / "docs" / "gates.md"
     if not page.exists():
         pytest.skip("docs/ not present next to the tests")
     assert gates_markdown() in page.read_text(), "regenerate with: python -m jax_gpuext gates --markdown"
@@ -276,11 +278,11 @@ def test_docs_gates_table_is_up_to_date():
 
 def test_docs_backend_tables_are_current():
     """docs/gates.md's "which backend will I get" is the generated text, for every op."""
-    from jax_gpuext import backends
-    from jax_gpuext.capabilities import backends_markdown
+    from jax_gpuext.common import backends
+    from jax_gpuext.common.capabilities import backends_markdown
 
     text = backends_markdown()
-    page = pathlib.Path(__file__).resolve().parents[1] / "docs" / "gates.md"
+    page = pathlib.Path(__file__).resolve().parents[2] / "docs" / "gates.md"
     if not page.exists():
         pytest.skip("docs/ not present next to the tests")
     assert text in page.read_text(), "regenerate with: python -m jax_gpuext gates --backends"
@@ -316,7 +318,7 @@ def test_a_library_found_by_soname_is_handed_to_cpp_by_its_real_path():
     import ctypes
     import os
 
-    from jax_gpuext import _libs
+    from jax_gpuext.common import libs as _libs
 
     libc = ctypes.CDLL("libc.so.6")
     path = _libs._file_of(libc, "getpid")

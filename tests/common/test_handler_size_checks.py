@@ -62,7 +62,8 @@ def test_place_sub_byte_dtypes_copy_exactly_the_packed_bytes(space):
 
 _QUANTIZE = """
     import numpy as np, jax, jax.numpy as jnp
-    from jax_gpuext import _ext, formats
+    from jax_gpuext import formats
+    from jax_gpuext.common import extension as _ext
     _ext.ensure_all_registered()
 
     def call(fmt, x, **override):
@@ -125,7 +126,7 @@ def test_all_reduce_handler_refuses_bad_attributes():
     is allocated from the attribute, and the timeout bounds every wait."""
     out = _run("""
     import numpy as np, jax, jax.numpy as jnp
-    from jax_gpuext import _ext
+    from jax_gpuext.common import extension as _ext
     _ext.ensure_all_registered()
     x = jnp.arange(10, dtype=jnp.float32)
 

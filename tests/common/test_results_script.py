@@ -11,7 +11,7 @@ import sys
 
 import jax_gpuext
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _work_dirs(tmp_path):
@@ -205,7 +205,7 @@ def test_write_results_lists_environment_failures_apart(tmp_path):
         '<testsuite tests="2" failures="2" errors="0" skipped="0">'
         '<testcase classname="t" name="mps" time="1"><failure message="Failed: ENVIRONMENT: no MPS">'
         "E       Failed: ENVIRONMENT: this machine cannot run 2 ranks under MPS: ['ENVIRONMENT: no MPS']\n"
-        "tests/test_allreduce.py:266: Failed</failure></testcase>"
+        "tests/collectives/test_allreduce.py:266: Failed</failure></testcase>"
         '<testcase classname="t" name="code" time="1"><failure message="AssertionError">'
         "E       AssertionError: wrong sum\ntests/test_allreduce.py:12: AssertionError</failure></testcase>"
         "</testsuite>")

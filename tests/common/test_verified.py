@@ -18,9 +18,13 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_gpuext as gx
-from jax_gpuext import _ext, _libs, backends, distributed, gates, verified
+from jax_gpuext.common import backends
+from jax_gpuext.common import extension as _ext
+from jax_gpuext.common import gates
+from jax_gpuext.common import libs as _libs
+from jax_gpuext.common import verified
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 import update_verified  # noqa: E402
 
@@ -74,7 +78,7 @@ class SimulatedH100:
         monkeypatch.setattr(gates, "driver_version", lambda: 12090)
         versions = {"cudnn": (9, 15, 0), "cublaslt": (12, 9, 1), "nvshmem": (3, 3, 0)}
         monkeypatch.setattr(_libs, "version", lambda key: (versions.get(key, (99,)), "simulated"))
-        monkeypatch.setattr(distributed, "load_module", lambda: (_NvshmemModule(), None))
+        monkeypatch.setattr(_ext, "load_nvshmem", lambda: (_NvshmemModule(), None))
         monkeypatch.setattr(verified, "record", lambda: self.record)
         monkeypatch.setattr(backends, "_warned", set())
         gates.clear_cache()
@@ -297,7 +301,7 @@ def test_committed_record_is_generated_from_the_committed_results():
     p = subprocess.run([sys.executable, str(ROOT / "scripts" / "update_verified.py"), "--check"],
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
-    rec = json.loads((ROOT / "jax_gpuext" / "verified.json").read_text())
+    rec = json.loads((ROOT / "jax_gpuext" / "common" / "verified.json").read_text())
     assert rec == verified.build_record(update_verified.load_results(ROOT))
     assert verified.record() == rec, "the installed record differs from the tree's: reinstall"
     for entry in rec["entries"]:
@@ -312,9 +316,9 @@ def test_update_script_on_a_tree_with_results(tmp_path):
     (tmp_path / "benchmarks" / "results" / "2026-01-01-h100.json").write_text(json.dumps(result))
     for page in ("README.md", "docs/gates.md"):
         (tmp_path / page).write_text(f"# x\n{update_verified.BEGIN}\nold\n{update_verified.END}\ntail\n")
-    (tmp_path / "jax_gpuext").mkdir()
+    (tmp_path / "jax_gpuext" / "common").mkdir(parents=True)
     out = update_verified.generated(tmp_path)
-    rec = json.loads(out[tmp_path / "jax_gpuext" / "verified.json"])
+    rec = json.loads(out[tmp_path / "jax_gpuext" / "common" / "verified.json"])
     assert [e["results"] for e in rec["entries"]] == ["benchmarks/results/2026-01-01-h100.json"]
     for entry in rec["entries"]:
         _independent_check(entry, tmp_path)

@@ -18,6 +18,7 @@ from jax import lax
 import jax_gpuext as gx
 from _hlo import custom_calls_in_command_buffers
 from jax_gpuext import UnsupportedError, dot as dot_mod
+from jax_gpuext.dot import common as dot_common
 
 FORMATS_1D = [gx.MXFP8_E4M3, gx.MXFP8_E5M2, gx.MXFP4, gx.NVFP4, gx.FP8_1x128, gx.FP8_TENSOR]
 MX_FORMATS = [gx.MXFP8_E4M3, gx.MXFP8_E5M2, gx.MXFP4]
@@ -131,19 +132,21 @@ def test_mixed_mx_pairs_match_float64(lf, rf):
 
 def cpu_mx_dot():
     """What auto runs for MX operands on this CPU (issue 18): XLA's bf16 dot where the CPU has
-    bf16 dot instructions, else the f32 reference (tests/test_dot_xla.py checks both choices)."""
-    from jax_gpuext import cpu_features
+    bf16 dot instructions, else the f32 reference (tests/dot/test_dot_xla.py checks both choices)."""
+    from jax_gpuext.common import cpu_features
 
     return "xla" if cpu_features.has_bf16_dot_instructions() else "reference"
 
 
 def test_mixed_mx_explain_and_library_gates():
     """cuBLASLt and cuDNN refuse MXFP4 operands with their reason; hopper_mx takes them."""
-    from jax_gpuext import dot_cublaslt, dot_cudnn, hopper_mx
+    from jax_gpuext.dot import cublaslt as dot_cublaslt
+    from jax_gpuext.dot import cudnn as dot_cudnn
+    from jax_gpuext.dot import hopper_mx
 
     lhs = gx.quantize(rand(13, (64, 256)), gx.MXFP8_E4M3)
     rhs = gx.quantize(rand(14, (128, 256)), gx.MXFP4)
-    p = dot_mod._problem(lhs, rhs, None, jnp.dtype(jnp.bfloat16))
+    p = dot_common._problem(lhs, rhs, None, jnp.dtype(jnp.bfloat16))
     assert "MXFP4" in p.describe()
     for backend, words in ((dot_cublaslt, "VEC32_UE8M0"), (dot_cudnn, "E8M0 per 32")):
         r = backend.supports(p)
@@ -238,11 +241,12 @@ def test_per_example_scales_must_lead_the_batch_dims():
     with pytest.raises(ValueError, match=r"block_scaled_dot: lhs: scale .* got float32\[2\]"):
         gx.block_scaled_dot(bad, qw3, dn)
     # GPU backends that take one alpha per call say why they pass on per-expert NVFP4 global scales
-    from jax_gpuext import dot_cublaslt, dot_cudnn
+    from jax_gpuext.dot import cublaslt as dot_cublaslt
+    from jax_gpuext.dot import cudnn as dot_cudnn
 
     nx = jax.vmap(lambda v: gx.quantize(v, gx.NVFP4))(rand(45, (3, 6, 128)))
     nw = jax.vmap(lambda v: gx.quantize(v, gx.NVFP4))(rand(46, (3, 8, 128)))
-    p = dot_mod._problem(nx, nw, dn, jnp.dtype(jnp.float32))
+    p = dot_common._problem(nx, nw, dn, jnp.dtype(jnp.float32))
     assert p.batched_global_scale
     for backend in (dot_cublaslt, dot_cudnn):
         r = backend.supports(p)
@@ -313,17 +317,17 @@ def test_recipe_defaults():
 def test_per_tensor_contracts_any_axis_and_cublaslt_alignment():
     """One FP8_TENSOR scale covers every axis, so any axis may be contracted; cuBLASLt's FP8
     alignment (K, N multiples of 16) is checked in supports(), before any GPU is involved."""
-    from jax_gpuext import dot_cublaslt
+    from jax_gpuext.dot import cublaslt as dot_cublaslt
 
     x, w = gx.quantize(rand(40, (6, 48), 2.0), gx.FP8_TENSOR), gx.quantize(rand(41, (48, 32)), gx.FP8_TENSOR)
     dn = (((1,), (0,)), ((), ()))  # w was "quantized along" axis -1, contracted along 0
     y = gx.block_scaled_dot(x, w, dn, preferred_element_type=jnp.float32, backend="reference")
     want, mag = np_block_scaled_dot(x, w, dn)
     assert_close_to_f64(y, want, mag)
-    assert dot_cublaslt.supports(dot_mod._problem(x, w, dn, jnp.dtype(jnp.bfloat16))).supported
+    assert dot_cublaslt.supports(dot_common._problem(x, w, dn, jnp.dtype(jnp.bfloat16))).supported
     w40 = gx.quantize(rand(42, (40, 32)), gx.FP8_TENSOR)
     x40 = gx.quantize(rand(43, (6, 40)), gx.FP8_TENSOR)
-    r = dot_cublaslt.supports(dot_mod._problem(x40, w40, dn, jnp.dtype(jnp.bfloat16)))
+    r = dot_cublaslt.supports(dot_common._problem(x40, w40, dn, jnp.dtype(jnp.bfloat16)))
     assert not r.supported and "K=40" in r.reason
 
 
@@ -332,7 +336,7 @@ def test_cublaslt_fp8_blockwise_scale_layouts_match_the_cublas_docs():
     independently: VEC128_32F is rows-major (element (r, kb) at kb * rows + r, rows % 4 == 0);
     BLK128x128_32F is K-major with the column stride L4 = round_up(Kb, 4) (element (j, kb) at
     j * L4 + kb). Odd block counts catch a transposed or unpadded layout."""
-    from jax_gpuext import dot_cublaslt
+    from jax_gpuext.dot import cublaslt as dot_cublaslt
 
     rng = np.random.default_rng(7)
     for nb, kb in [(2, 1), (1, 2), (3, 5), (4, 8)]:
@@ -357,7 +361,7 @@ def test_cublaslt_pads_activation_rows_and_checks_output_row_alignment():
     """The 1x128 lhs (cuBLAS's B, VEC128_32F) is padded to 16 rows (TransformerEngine needs % 8,
     NVIDIA tests % 16), N (cuBLAS's m) must be % 8 in every block-scaling mode, and float16
     output is refused for FP8 blockwise (not in NVIDIA's tests): all decided before any GPU."""
-    from jax_gpuext import dot_cublaslt
+    from jax_gpuext.dot import cublaslt as dot_cublaslt
 
     assert dot_cublaslt.FP8_BLOCK_ROW_MULTIPLE == 16 and dot_cublaslt.BLOCK_SCALED_N_MULTIPLE == 8
     data, scale = jnp.ones((1, 33, 256), jnp.float8_e4m3fn), jnp.full((1, 33, 2), 2.0, jnp.float32)
@@ -369,16 +373,16 @@ def test_cublaslt_pads_activation_rows_and_checks_output_row_alignment():
     x = gx.quantize(rand(44, (8, 64), 2.0), gx.FP8_TENSOR)
     for n, out, ok in [(32, jnp.bfloat16, True), (36, jnp.float32, False), (40, jnp.float32, False)]:
         w = gx.quantize(rand(45, (n, 64)), gx.FP8_TENSOR)
-        r = dot_cublaslt.supports(dot_mod._problem(x, w, (((1,), (1,)), ((), ())), jnp.dtype(out)))
+        r = dot_cublaslt.supports(dot_common._problem(x, w, (((1,), (1,)), ((), ())), jnp.dtype(out)))
         assert r.supported == ok, r.reason
     xb = gx.quantize(rand(47, (8, 128)), gx.FP8_1x128)
     for fmt_r, n, out, why in [(gx.FP8_1x128, 36, jnp.float32, "N=36"), (gx.FP8_128x128, 260, jnp.float32, "N=260"),
                                (gx.FP8_128x128, 256, jnp.float16, "float16"), (gx.FP8_1x128, 8, jnp.float16, "float16")]:
         w = gx.quantize(rand(46, (n, 128)), fmt_r)
-        r = dot_cublaslt.supports(dot_mod._problem(xb, w, (((1,), (1,)), ((), ())), jnp.dtype(out)))
+        r = dot_cublaslt.supports(dot_common._problem(xb, w, (((1,), (1,)), ((), ())), jnp.dtype(out)))
         assert not r.supported and why in r.reason, r.reason
     for fmt in (gx.MXFP8_E4M3, gx.NVFP4):  # N % 8 in the Blackwell modes too, before any hardware gate
-        r = dot_cublaslt.supports(dot_mod._problem(gx.quantize(rand(48, (8, 64)), fmt), gx.quantize(rand(49, (12, 64)), fmt),
+        r = dot_cublaslt.supports(dot_common._problem(gx.quantize(rand(48, (8, 64)), fmt), gx.quantize(rand(49, (12, 64)), fmt),
                                                    (((1,), (1,)), ((), ())), jnp.dtype(jnp.bfloat16)))
         assert not r.supported and "N=12" in r.reason, r.reason
 
@@ -387,7 +391,7 @@ def test_cublaslt_reads_padded_1x128_scales_with_the_padded_leading_dimension():
     """impl's padding + layout, read back the way cuBLAS reads VEC128_32F for its B operand
     (element (r, kb) at kb * ld + r, ld = the padded M): real rows get their scales, padding rows
     scale 1 over zero data, so the sliced-off output rows are the only ones they touch."""
-    from jax_gpuext import dot_cublaslt
+    from jax_gpuext.dot import cublaslt as dot_cublaslt
 
     rng = np.random.default_rng(8)
     for m, kb in [(33, 3), (16, 2), (1, 1)]:
@@ -512,7 +516,7 @@ def test_errors_name_arguments_shapes_and_dtypes():
 
 
 def jax_gpuext_platform(name):
-    from jax_gpuext import backends
+    from jax_gpuext.common import backends
 
     return backends.platform(name)
 
@@ -534,7 +538,7 @@ def test_explain_shows_the_backend():
 
 
 def test_backend_order():
-    from jax_gpuext import backends
+    from jax_gpuext.common import backends
 
     names = [b.name for b in backends.backends("block_scaled_dot")]
     assert names == ["cudnn", "cublaslt", "hopper_mx", "xla", "reference"]
@@ -583,7 +587,8 @@ def test_gpu_backend_matches_reference(fmt_l, fmt_r, backend):
     hlo = f.lower(lhs, rhs).compile().as_text()
     assert f"gpuext_block_scaled_dot_{backend}" in hlo
     # the library path reaches the handler through _cuda.set_library_path, not the program
-    from jax_gpuext import _ext, _libs
+    from jax_gpuext.common import extension as _ext
+    from jax_gpuext.common import libs as _libs
 
     lib = "cudnn" if backend == "cudnn" else "cublaslt"
     assert _ext.module("cuda").library_path(lib) == _libs.path(lib)
@@ -630,7 +635,7 @@ def test_gpu_handlers_register_an_initialize_stage(target):
     """Each GPU dot handler does its one-time work (cuBLASLt handle + heuristic, cuDNN graph,
     kernel set-up) in XLA's initialize stage, outside any command-buffer capture; the stage dict
     is what reaches jax.ffi.register_ffi_target. Runs wherever the CUDA extension was built."""
-    from jax_gpuext import _ext
+    from jax_gpuext.common import extension as _ext
 
     mod = _ext.module("cuda")
     if mod is None or target not in mod.registrations():
@@ -642,7 +647,7 @@ def test_gpu_handlers_register_an_initialize_stage(target):
 _AOT_CHILD = """
 import sys, numpy as np, jax, ml_dtypes
 from jax.experimental.serialize_executable import deserialize_and_load
-from jax_gpuext import _ext
+from jax_gpuext.common import extension as _ext
 _ext.ensure_all_registered()  # the targets only: nothing is traced, so nothing is prepared
 dtypes = [getattr(ml_dtypes, t, np.dtype(t)) for t in sys.argv[1].split(",")]  # float8 names live in ml_dtypes
 leaves = [np.load(f"leaf{i}.npy").view(t) for i, t in enumerate(dtypes)]

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 import jax_gpuext as gx
-from jax_gpuext import backends, dot_cudnn, gates
-from jax_gpuext import dot as dot_mod
-from jax_gpuext.gates import GateResult
+from jax_gpuext.common import backends, gates
+from jax_gpuext.common.gates import GateResult
+from jax_gpuext.dot import common as dot_mod
+from jax_gpuext.dot import cudnn as dot_cudnn
 
 
 def rand(key, shape, scale=1.0):
@@ -170,7 +171,7 @@ def test_gpu_probe_answers_and_agrees_with_the_backend():
 def test_cudart_gate_refuses_two_runtimes_for_the_frontend_shim(monkeypatch):
     """cudnn-frontend's dynamic-loading shim throws "Multiple libcudart libraries found" when both
     libcudart.so.12 and .so.13 load (issue 14 item 6): the gate says so first, with the files."""
-    from jax_gpuext import _libs
+    from jax_gpuext.common import libs as _libs
 
     found = _libs.loadable_cudarts()  # the real search on this machine: a list, never an exception
     assert all(soname in _libs.CUDART_SONAMES for soname, _ in found)

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 import jax_gpuext as gx
-from jax_gpuext import cpu_features, dot, dot_xla
+from jax_gpuext import dot
+from jax_gpuext.common import cpu_features
+from jax_gpuext.dot import xla as dot_xla
 
 E8M0 = jnp.dtype(jnp.float8_e8m0fnu)
 

@@ -19,9 +19,12 @@ import numpy as np
 import pytest
 
 import jax_gpuext
-from jax_gpuext import _ext, backends, formats, hopper_mx
+from jax_gpuext import UnsupportedError, formats
 from jax_gpuext import dot as bsd
-from jax_gpuext.errors import UnsupportedError
+from jax_gpuext.common import backends
+from jax_gpuext.common import extension as _ext
+from jax_gpuext.dot import common as dot_common
+from jax_gpuext.dot import hopper_mx
 
 MX_E4M3, MX_E5M2, NVFP4 = formats.MXFP8_E4M3, formats.MXFP8_E5M2, formats.NVFP4
 DN_BATCHED = (((2,), (2,)), ((0,), (0,)))
@@ -63,7 +66,7 @@ def _check_close(out, ref, absdot, out_dtype, what):
 
 
 def _q(x, fmt, axis=-1):
-    # Inputs come from the CPU handler, which tests/test_formats.py proves bit-identical to the
+    # Inputs come from the CPU handler, which tests/formats/test_formats.py proves bit-identical to the
     # reference (and fast, unlike the eager reference), so a bug in a GPU formats kernel cannot mask
     # one here. The result goes back to the default device so GPU tests still run on the GPU.
     cpu = jax.devices("cpu")[0]
@@ -160,7 +163,7 @@ def test_auto_picks_hopper_mx_on_hopper():
 # --------------------------------------------------------------------------- CPU: Python side
 def _problem(fa, fb, shape_a=(64, 128), shape_b=(32, 128), out=jnp.bfloat16):
     qa, qb = _q(jnp.ones(shape_a, jnp.float32), fa), _q(jnp.ones(shape_b, jnp.float32), fb)
-    return qa, qb, bsd._problem(qa, qb, None, jnp.dtype(out))
+    return qa, qb, dot_common._problem(qa, qb, None, jnp.dtype(out))
 
 
 def test_explain_on_cpu_says_why_not_hopper_mx():

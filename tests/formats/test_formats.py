@@ -14,9 +14,10 @@ import pytest
 
 import _formats_numpy as npref
 import jax_gpuext as gx
-from jax_gpuext import _ffi, formats
+from jax_gpuext import formats
 
 # The block formats; FP8_TENSOR (one scale per tensor) has its own tests at the end.
+from jax_gpuext.common import ffi as _ffi
 FORMATS = [f for f in formats.FORMATS.values() if not f.per_tensor]
 IDS = [f.name for f in FORMATS]
 DTYPES = [np.float32, ml_dtypes.bfloat16, np.float16]

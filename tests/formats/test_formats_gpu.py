@@ -20,7 +20,7 @@ def test_float4_buffer_layout():
     read back through gpuext_dequantize as packed): one our handlers read, and what FP4_PACKED
     hands them. Packed high nibble first would need the packing in csrc/formats/block_scaled_io.h
     and the kernels to change; the backends refuse it meanwhile (test_fp4_layout.py)."""
-    from jax_gpuext import fp4_layout
+    from jax_gpuext.formats import fp4_layout
 
     fp4_layout.forget()
     layout = fp4_layout.probe("cuda")

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 import jax_gpuext as gx
-from jax_gpuext import formats, fp4_layout
-from jax_gpuext.capabilities import capabilities, format_table
+from jax_gpuext import formats
+from jax_gpuext.formats import fp4_layout
+from jax_gpuext.common.capabilities import capabilities, format_table
 
 E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], np.float32)
 

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 import jax_gpuext
-from jax_gpuext import gates, memory
-from jax_gpuext.errors import UnsupportedError
+from jax_gpuext import UnsupportedError
+from jax_gpuext.common import backends, gates
+from jax_gpuext.memory import spaces as memory
 from jax_gpuext.memory import MemorySpace, place
 
 GATE = memory.GATE
@@ -222,7 +223,7 @@ def test_below_gate_strict_raises(closed_gate):
     with pytest.raises(UnsupportedError) as e:
         _lower(lambda x: _fake_call(x, x, result_spaces={0: 1}, strict=True), x)
     assert e.value.gate == GATE and "monkeypatched" in str(e.value)
-    with jax_gpuext.backends.platform("cuda"), pytest.raises(UnsupportedError, match="cannot be honoured on cuda"):
+    with backends.platform("cuda"), pytest.raises(UnsupportedError, match="cannot be honoured on cuda"):
         jax.make_jaxpr(lambda x: place(x, MemorySpace.COLLECTIVE, strict=True))(x)
 
 
