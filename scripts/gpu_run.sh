@@ -38,7 +38,7 @@ bound() {
 }
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_GPUEXT_REQUIRE_GPU=1
 # The tests must exercise every GPU backend, verified or not: `auto` takes unverified ones here
-# (jax_gpuext/verified.py). The junit files record which backend each test verifies, and the
+# (jax_gpuext/common/verified.py). The junit files record which backend each test verifies, and the
 # results carry the build's source fingerprints; scripts/update_verified.py turns them into the record.
 TEST_ENV=(JAX_GPUEXT_ALLOW_UNVERIFIED=1)
 

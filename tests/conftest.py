@@ -6,7 +6,7 @@
   GPU run cannot pass by skipping its GPU tests, unless only architecture gates are closed (a
   Blackwell test on an H100 still skips, with the reason in the report).
 - ``@pytest.mark.verifies("block_scaled_dot.{backend}", mode="plain")`` names the components of
-  the verification record (``jax_gpuext.verified``) a GPU test exercises; ``{param}`` is filled
+  the verification record (``jax_gpuext.common.verified``) a GPU test exercises; ``{param}`` is filled
   from the test's parameters and keyword arguments restrict the marker to parameter values. The
   names go to the junit file (a ``verifies`` property per test, and ``verifies_collected`` for the
   whole group), from which ``scripts/write_results.py`` and ``scripts/update_verified.py`` build

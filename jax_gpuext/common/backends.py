@@ -9,7 +9,7 @@ the fallback is logged once on logger ``jax_gpuext`` and every selection is reco
 ``JAX_GPUEXT_FORCE_REFERENCE=op1,op2`` (or ``all``) forces the ``reference`` backend of the
 named ops, for bisecting a wrong result down to one of our kernels.
 
-Safe defaults (``jax_gpuext.verified``): on CUDA, ``auto`` passes over a GPU backend (one in
+Safe defaults (``jax_gpuext.common.verified``): on CUDA, ``auto`` passes over a GPU backend (one in
 ``verified.BACKENDS``) that is not verified on this GPU's architecture at this build's
 source fingerprint: a visible choice, logged once. Naming it runs it (one warning per process);
 ``JAX_GPUEXT_ALLOW_UNVERIFIED=1`` lets ``auto`` take it.

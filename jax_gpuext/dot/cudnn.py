@@ -100,9 +100,9 @@ def probe(lhs_format, rhs_format, m: int, n: int, k: int, *, batch: int = 1, out
     """
     infos = [_dot.format_info(f) for f in (lhs_format, rhs_format)]
     if any(i.family not in ("mx", "nvfp4") for i in infos):
-        raise ValueError(f"dot_cudnn.probe: the cuDNN graph takes MXFP8/NVFP4, got {lhs_format}, {rhs_format}")
+        raise ValueError(f"dot.cudnn.probe: the cuDNN graph takes MXFP8/NVFP4, got {lhs_format}, {rhs_format}")
     for g in ("cuda_extension", "cudnn_dot_built", "cuda_device", "cudnn_frontend_cudart"):
-        gates.require(g, "dot_cudnn.probe")
+        gates.require(g, "dot.cudnn.probe")
     return _prepare(device, infos[0], infos[1], batch, m, n, k, out_dtype, fuse_alpha, drop_cublaslt_plans)
 
 

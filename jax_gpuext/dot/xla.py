@@ -1,6 +1,6 @@
 """Backend ``xla`` of ``block_scaled_dot``: XLA's own path, as fast as XLA gets, no custom call.
 
-What ``auto`` runs on a GPU where none of our kernels is verified (``jax_gpuext.verified``),
+What ``auto`` runs on a GPU where none of our kernels is verified (``jax_gpuext.common.verified``),
 and on CPU for MX and NVFP4 operands where the CPU has bf16 dot-product instructions (measured
 about twice as fast there as the f32 reference, and slower than it on a CPU without them;
 ``cpu_features``, docs/design.md "CPU speed"):

@@ -3,7 +3,7 @@ per-tensor FP8 (FP8_TENSOR: the FP8 blockwise rule with the whole tensor as the 
 
 ``quantize(x, fmt)`` returns a :class:`BlockScaledArray` (data, per-block scales, optional
 per-tensor global scale); ``dequantize(q)`` turns it back into floats. Three implementations
-agree bit for bit: the pure-jnp reference (``_formats_reference``, the definition), the CPU FFI
+agree bit for bit: the pure-jnp reference (``formats.reference``, the definition), the CPU FFI
 handler (``ffi/cpu/formats.cc``) and the CUDA kernels (``csrc/formats/``). docs/formats.md
 states the rules.
 """
@@ -100,7 +100,7 @@ def _format_from_fields(*fields) -> BlockFormat:
     return FORMATS.get(fmt.name) if FORMATS.get(fmt.name) == fmt else fmt
 
 
-# The reference's name of each element type (``_formats_reference.ELEMENTS``): formats dispatch on
+# The reference's name of each element type (``formats.reference.ELEMENTS``): formats dispatch on
 # their element dtype, a value, so that an equal copy of a format is the same format.
 _REF_ELEMENTS = {jnp.dtype(jnp.float8_e4m3fn): "e4m3", jnp.dtype(jnp.float8_e5m2): "e5m2",
                  jnp.dtype(jnp.float4_e2m1fn): "e2m1"}
@@ -111,7 +111,7 @@ class _Fp4Packed(collections.abc.MutableMapping):
     """How XLA lays out float4_e2m1fn buffers, per platform, as the handlers' ``fp4_packed``
     attribute: True = two per byte, element 2i in the low nibble; False = one per byte (low
     nibble). FFI buffers cannot tell, so the layout is measured on the device once per process
-    (``jax_gpuext.fp4_layout``); a platform whose layout the handlers cannot read raises (the
+    (``jax_gpuext.formats.fp4_layout``); a platform whose layout the handlers cannot read raises (the
     formats backends' ``supports()`` refuse it first). ``FP4_PACKED[platform] = bool`` overrides the
     probe (said in every ``explain``); ``del`` restores it."""
 
@@ -327,7 +327,7 @@ def _check_global_scale(global_scale, fmt: BlockFormat):
 # --------------------------------------------------------------------------- backends
 def _handler_supports(platform: str):
     """The FFI backends take every format, dtype and shape, once XLA's float4 layout on
-    ``platform`` is one the handlers read (measured, jax_gpuext.fp4_layout)."""
+    ``platform`` is one the handlers read (measured, jax_gpuext.formats.fp4_layout)."""
     def supports(problem) -> gates.GateResult:
         fmt = problem[0]
         if fmt.elem_dtype != jnp.dtype(jnp.float4_e2m1fn):

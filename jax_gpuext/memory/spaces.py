@@ -416,7 +416,7 @@ backends.register("place", backends.Backend(
     "jax.device_put to a JAX memory kind (pinned_host / device) inside jit", _is_host,
     takes="PINNED_HOST and DEVICE"))
 # Issue 16: what auto takes on CUDA while the gpuext_place handler is not verified on this GPU
-# (jax_gpuext.verified): no custom call, so no memory space; logged and shown by explain.
+# (jax_gpuext.common.verified): no custom call, so no memory space; logged and shown by explain.
 backends.register("place", backends.Backend(
     "xla", ("cpu", "cuda"), (), "no custom call: x returned unchanged, the memory space is not applied",
     _not_host, takes="every space but PINNED_HOST (placement not applied)"))

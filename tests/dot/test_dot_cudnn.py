@@ -1,4 +1,4 @@
-"""The ``cudnn`` backend of block_scaled_dot (jax_gpuext/dot_cudnn.py, csrc/dot/cudnn_block_scaled.cc).
+"""The ``cudnn`` backend of block_scaled_dot (jax_gpuext/dot/cudnn.py, csrc/dot/cudnn_block_scaled.cc).
 
 CPU tests check which problems the backend takes and the reasons ``explain`` gives where it
 cannot run; GPU tests (Blackwell, cuDNN >= 9.7, built with JAX_GPUEXT_CUDNN) compare it with the
@@ -147,7 +147,7 @@ def test_probe_rejects_formats_and_names_its_gate():
     with pytest.raises(ValueError, match="MXFP8/NVFP4"):
         dot_cudnn.probe(gx.FP8_1x128, gx.FP8_1x128, 128, 128, 128)
     if not gates.check_all(["cuda_extension", "cudnn_dot_built", "cuda_device"]).supported:
-        with pytest.raises(gx.UnsupportedError, match="dot_cudnn.probe needs gate"):
+        with pytest.raises(gx.UnsupportedError, match="dot.cudnn.probe needs gate"):
             dot_cudnn.probe(gx.MXFP8_E4M3, gx.MXFP8_E4M3, 128, 128, 128)
 
 

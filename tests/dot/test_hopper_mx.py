@@ -135,7 +135,7 @@ def test_every_tile_config_and_output_dtype(config, out_dtype):
 @pytest.mark.verifies("block_scaled_dot.hopper_mx")
 @pytest.mark.gates("hopper")
 def test_non_canonical_layout_and_compiled_hlo_has_our_call():
-    # rhs as (K, N) quantized along axis 0: dot.py transposes it into the canonical (N, K).
+    # rhs as (K, N) quantized along axis 0: dot.common.to_canonical transposes it into the canonical (N, K).
     ka, kb = jax.random.split(jax.random.key(3))
     xa = jax.random.normal(ka, (96, 256), jnp.float32)
     xb = jax.random.normal(kb, (256, 80), jnp.float32)

@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.verifies("formats.cuda")]
 
 
 def test_float4_buffer_layout():
-    """XLA's CUDA float4_e2m1fn layout, measured by jax_gpuext.fp4_layout (an XLA-written buffer
+    """XLA's CUDA float4_e2m1fn layout, measured by jax_gpuext.formats.fp4_layout (an XLA-written buffer
     read back through gpuext_dequantize as packed): one our handlers read, and what FP4_PACKED
     hands them. Packed high nibble first would need the packing in csrc/formats/block_scaled_io.h
     and the kernels to change; the backends refuse it meanwhile (test_fp4_layout.py)."""

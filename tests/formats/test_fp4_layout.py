@@ -1,4 +1,4 @@
-"""The float4_e2m1fn layout probe (jax_gpuext.fp4_layout, issue 14 item 7): measured on the
+"""The float4_e2m1fn layout probe (jax_gpuext.formats.fp4_layout, issue 14 item 7): measured on the
 device, never assumed; what it finds reaches FP4_PACKED, the formats backends, explain and info."""
 
 from __future__ import annotations
