@@ -38,10 +38,10 @@ from jax_gpuext.common.gates import GateResult
 
 logger = logging.getLogger("jax_gpuext")
 OP = "all_reduce"
-TARGET = "gpuext_all_reduce"
+TARGET = _ext.declare_target("gpuext_all_reduce", "all_reduce")
 # The command-buffer compatible CUDA variant (ffi/cuda/allreduce.cc): kernels only, the
 # timeout status stays sticky in device memory and is read by distributed.check_status().
-GRAPH_TARGET = "gpuext_all_reduce_graph"
+GRAPH_TARGET = _ext.declare_target("gpuext_all_reduce_graph", "all_reduce")
 GRAPH_SAFE_ENV = "JAX_GPUEXT_ALLREDUCE_GRAPH_SAFE"
 
 # Attribute codes shared with csrc/allreduce/reduce_ops.h.

@@ -1,8 +1,15 @@
 """Loading the compiled extensions and registering their FFI targets with XLA.
 
 ``_cpu`` is always built; ``_cuda`` only where nvcc was found. Neither import may make
-``import jax_gpuext`` fail: a missing or broken module is recorded with its reason and
-reported by the ``cpu_extension`` / ``cuda_extension`` gates.
+``import jax_gpuext`` fail: a missing or broken module, or targets XLA refused to register,
+are recorded with the reason and reported by the ``cpu_extension`` / ``cuda_extension`` gates.
+
+``import jax_gpuext`` registers every target of ``_cpu`` and ``_cuda`` (``ensure_all_registered``),
+so a program exported with our ops runs after a plain import (docs/design.md, "jax.export").
+``_nvshmem``'s targets register in ``jax_gpuext.distributed.initialize``, which the CUDA
+all-reduce needs first in any process (the NVSHMEM heap).
+``TARGETS`` lists every target our ops may emit, declared by the op modules where they name
+them (``declare_target``): the list ``jax_gpuext.export_disabled_checks`` hands jax.export.
 """
 
 from __future__ import annotations
@@ -20,6 +27,19 @@ logger = logging.getLogger("jax_gpuext")
 _PLATFORMS = {"cpu": "cpu", "cuda": "CUDA"}
 _lock = threading.Lock()
 _registered: set[str] = set()
+_registration_errors: dict[str, str] = {}
+
+# Every custom-call target our ops may emit -> the op that emits it. Filled by the op modules
+# (``declare_target``) when the package root imports them; a test holds it equal to the
+# targets the C++ sources register (ffi/**: GPUEXT_REGISTER_FFI_TARGET).
+TARGETS: dict[str, str] = {}
+
+
+def declare_target(name: str, op: str) -> str:
+    """Records that ``op`` may emit FFI target ``name``; returns ``name`` (for the module constant)."""
+    if TARGETS.setdefault(name, op) != op:
+        raise ValueError(f"FFI target {name} declared by both {TARGETS[name]} and {op}")
+    return name
 
 
 @functools.cache
@@ -76,7 +96,13 @@ def build_info(kind: str) -> dict | None:
 
 
 def ensure_registered(kind: str) -> None:
-    """Registers every FFI target of extension ``kind`` with XLA, once per process."""
+    """Registers every FFI target of extension ``kind`` with XLA, once per process.
+
+    Never raises: XLA refusing a target (a jaxlib that cannot take our handlers) is recorded
+    (``registration_error``) and turns the extension's gate off, so every op falls back visibly
+    to a path without our handlers. Registering for "CUDA" before (or without) a CUDA backend
+    only queues the handler in jaxlib; it initializes no backend.
+    """
     if kind in _registered:
         return
     import jax
@@ -86,10 +112,18 @@ def ensure_registered(kind: str) -> None:
             return
         mod = module(kind)
         if mod is not None:
-            for name, handler in mod.registrations().items():
-                jax.ffi.register_ffi_target(name, handler, platform=_PLATFORMS[kind])
-                logger.debug("registered FFI target %s for %s", name, _PLATFORMS[kind])
+            try:
+                for name, handler in mod.registrations().items():
+                    jax.ffi.register_ffi_target(name, handler, platform=_PLATFORMS[kind])
+                    logger.debug("registered FFI target %s for %s", name, _PLATFORMS[kind])
+            except Exception as e:  # noqa: BLE001 - import must not fail; the gate reports it
+                _registration_errors[kind] = f"registering its FFI targets failed: {type(e).__name__}: {e}"
         _registered.add(kind)
+
+
+def registration_error(kind: str) -> str | None:
+    """Why XLA did not take extension ``kind``'s targets, or None."""
+    return _registration_errors.get(kind)
 
 
 def ensure_all_registered() -> None:

@@ -144,22 +144,22 @@ def driver_version() -> int | None:
 
 
 # --------------------------------------------------------------------------- build
-@_gate("cpu_extension", "build", "jax_gpuext._cpu imports",
+@_gate("cpu_extension", "build", "jax_gpuext._cpu imports and XLA takes its FFI targets",
        "the CPU FFI handlers live there; without it only the pure-jnp reference paths run")
 def _cpu_extension():
     mod, why = _ext.load("cpu")
-    if mod is None:
-        return GateResult(False, why)
+    if mod is None or _ext.registration_error("cpu"):
+        return GateResult(False, why or f"jax_gpuext._cpu imported, but {_ext.registration_error('cpu')}")
     info = mod.build_info()
     return GateResult(True, f"built against XLA FFI API {info['ffi_api_major']}.{info['ffi_api_minor']}")
 
 
-@_gate("cuda_extension", "build", "jax_gpuext._cuda imports",
+@_gate("cuda_extension", "build", "jax_gpuext._cuda imports and XLA takes its FFI targets",
        "every GPU handler and kernel lives there; it is built only where a CUDA compiler was found")
 def _cuda_extension():
     mod, why = _ext.load("cuda")
-    if mod is None:
-        return GateResult(False, why)
+    if mod is None or _ext.registration_error("cuda"):
+        return GateResult(False, why or f"jax_gpuext._cuda imported, but {_ext.registration_error('cuda')}")
     info = mod.build_info()
     return GateResult(True, f"CUDA {info['cuda_version']}, architectures {info['architectures']}")
 

@@ -31,7 +31,7 @@ from jax_gpuext.common import libs as _libs
 from jax_gpuext.common.gates import GateResult
 from jax_gpuext.dot import common as _dot
 
-TARGET = "gpuext_block_scaled_dot_cublaslt"
+TARGET = _ext.declare_target("gpuext_block_scaled_dot_cublaslt", "block_scaled_dot")
 # cuBLAS recommends 32 MiB of workspace on Hopper/Blackwell; passed as an extra result so the
 # handler never allocates (REFERENCE section 2), with WORKSPACE_SLACK more bytes so the handler
 # can align its start to the 256 bytes cuBLASLt requires.

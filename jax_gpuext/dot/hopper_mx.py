@@ -47,7 +47,7 @@ from jax_gpuext.common import ffi as _ffi
 from jax_gpuext.common.gates import GateResult
 from jax_gpuext.dot import common as _dot
 
-TARGET = "gpuext_hopper_mx_dot"
+TARGET = _ext.declare_target("gpuext_hopper_mx_dot", "block_scaled_dot")
 BLOCK = 32  # the kernel's scale block along K (one k32 wgmma)
 # Ids of csrc/hopper_mx/hopper_mx.h TileConfig (never renumbered): name -> (id, BM, BN).
 TILE_CONFIGS = {"m128n128": (0, 128, 128), "m64n128": (1, 64, 128), "m128n64": (2, 128, 64)}
