@@ -107,7 +107,7 @@ if [ "$ONLY" != tests ]; then
   echo "=== benchmarks and probes"
   # Most wanted first (issue targets, then the long multi-process all-reduce), then any others.
   ordered=(benchmarks/bench_quantize.py benchmarks/probe_cudnn.py benchmarks/bench_dot.py
-           benchmarks/bench_hopper_mx.py benchmarks/bench_allreduce.py)
+           benchmarks/bench_hopper_mx.py benchmarks/bench_ragged_dot.py benchmarks/bench_allreduce.py)
   # bench_cpu is the CPU table (issue 18) that CI prints (.ci/bench_cpu.sh): no device time for it.
   for f in benchmarks/bench_*.py benchmarks/probe_*.py; do
     [ "$f" = benchmarks/bench_cpu.py ] && continue

@@ -34,6 +34,9 @@ Status LoadOnce(const std::string& path, CublasLtApi* api, std::string* opened) 
   GPUEXT_RETURN_IF_ERROR(
       Resolve(lib, "cublasLtMatmulPreferenceSetAttribute", &api->MatmulPreferenceSetAttribute));
   GPUEXT_RETURN_IF_ERROR(Resolve(lib, "cublasLtMatmulAlgoGetHeuristic", &api->MatmulAlgoGetHeuristic));
+  // Optional (null where this cuBLASLt predates it): the grouped GEMM of cuBLAS >= 13.2.
+  api->GroupedMatrixLayoutCreate =
+      reinterpret_cast<CublasLtApi::GroupedMatrixLayoutCreateFn>(dlsym(lib, "cublasLtGroupedMatrixLayoutCreate"));
   return Status::Ok();
 }
 

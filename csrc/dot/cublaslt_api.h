@@ -2,6 +2,10 @@
 // "Build"), so nothing here links against libcublasLt: Python finds the library
 // (jax_gpuext._libs.path("cublaslt")) and hands its path over; we dlopen it once per process and
 // resolve the few entry points we call into a table. cublasLt.h is used for types and enums only.
+//
+// Entry points newer than the oldest cuBLASLt we load are optional: resolved where the library
+// has them, null otherwise, so an older library still loads for everything else and the caller
+// (and the Python gate in front of it) can say which version it would need.
 #pragma once
 
 #include <cublasLt.h>
@@ -25,6 +29,14 @@ struct CublasLtApi {
   decltype(&cublasLtMatmulPreferenceDestroy) MatmulPreferenceDestroy = nullptr;
   decltype(&cublasLtMatmulPreferenceSetAttribute) MatmulPreferenceSetAttribute = nullptr;
   decltype(&cublasLtMatmulAlgoGetHeuristic) MatmulAlgoGetHeuristic = nullptr;
+
+  // Optional: the experimental grouped GEMM with device-side shapes (cuBLAS >= 13.2; declared
+  // in cublasLt.h 13.2+, so the type is spelled out here: the build may see an older header).
+  // csrc/ragged_dot/cublaslt_grouped.cc checks the signature against the header where it has one.
+  using GroupedMatrixLayoutCreateFn = cublasStatus_t (*)(cublasLtMatrixLayout_t* layout, cudaDataType type,
+                                                         int group_count, const void* rows_array,
+                                                         const void* cols_array, const void* ld_array);
+  GroupedMatrixLayoutCreateFn GroupedMatrixLayoutCreate = nullptr;
 };
 
 // Opens `path` (once per process; later calls with another path are an error) and resolves
