@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -31,18 +30,11 @@ from jax_gpuext import formats, gates
 from jax_gpuext.ragged_dot import cublaslt
 from jax_gpuext.ragged_dot.common import RaggedProblem
 
+from bench_dot import _time  # the dense table's timing loop (a script's own directory is on sys.path)
+
 LAYERS = {"up": (7168, 4096), "down": (2048, 7168)}  # (K, N) per expert
 EXPERTS = 32
 ROWS_PER_EXPERT = (128, 512)  # DeepSeek-V3 prefill of 4096 / 16384 tokens: T * 8 / 256
-
-
-def _time(f, *args, iters=10):
-    jax.block_until_ready(f(*args))
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        out = f(*args)
-    jax.block_until_ready(out)
-    return (time.perf_counter() - t0) / iters
 
 
 def group_sizes(kind: str, g: int, m: int, seed: int = 0) -> np.ndarray:
@@ -79,7 +71,7 @@ def bench_case(layer, rows_per_expert, kind, g=EXPERTS):
 
     w_kn = jnp.swapaxes(w, 1, 2)  # lax.ragged_dot's (G, K, N)
     f = jax.jit(lambda a, b, s: jax.lax.ragged_dot(a, b, s, preferred_element_type=jnp.bfloat16))
-    row["bf16_ragged_dot"] = flops / _time(f, x, w_kn, gs) / 1e12
+    row["bf16_ragged_dot"] = flops / _time(f, x, w_kn, gs, iters=10) / 1e12
     del w_kn
 
     lhs = gx.quantize(x, gx.FP8_1x128)
@@ -91,7 +83,7 @@ def bench_case(layer, rows_per_expert, kind, g=EXPERTS):
     else:
         for align in cublaslt.ROW_ALIGNS:
             f = jax.jit(lambda a, b, s, align=align: cublaslt.impl(a, b, s, p, row_align=align))
-            row[f"cublaslt_row_align{align}"] = flops / _time(f, lhs, rhs, gs) / 1e12
+            row[f"cublaslt_row_align{align}"] = flops / _time(f, lhs, rhs, gs, iters=10) / 1e12
 
     starts = np.concatenate([[0], np.cumsum(sizes)])
 
@@ -103,7 +95,7 @@ def bench_case(layer, rows_per_expert, kind, g=EXPERTS):
         return jnp.concatenate(outs)
 
     try:
-        row["dense_fp8_loop"] = flops / _time(jax.jit(loop), lhs, rhs) / 1e12
+        row["dense_fp8_loop"] = flops / _time(jax.jit(loop), lhs, rhs, iters=10) / 1e12
     except gx.UnsupportedError as e:
         row["dense_fp8_loop_error"] = str(e)[:300]
     return row

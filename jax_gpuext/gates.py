@@ -380,21 +380,21 @@ def _cuda_target_built(target: str, part: str, missing: str) -> GateResult:
     return GateResult(ok, f"_cuda has {target}" if ok else (_ext.missing_part_reason(part) or missing))
 
 
+_NO_CUBLASLT_H = ("built without cublasLt.h (pip install nvidia-cublas in the build env, or set "
+                  "JAX_GPUEXT_CUBLASLT_INCLUDE_DIR)")
+
+
 @_gate("cublaslt_dot_built", "build", "_cuda built with cublasLt.h",
        "the cuBLASLt block-scaled dot handler is compiled only where cublasLt.h was found at build time")
 def _cublaslt_dot_built():
-    return _cuda_target_built("gpuext_block_scaled_dot_cublaslt", "cublaslt_dot",
-                              "built without cublasLt.h (pip install nvidia-cublas in the build env, or set "
-                              "JAX_GPUEXT_CUBLASLT_INCLUDE_DIR)")
+    return _cuda_target_built("gpuext_block_scaled_dot_cublaslt", "cublaslt_dot", _NO_CUBLASLT_H)
 
 
 @_gate("ragged_dot_cublaslt_built", "build", "_cuda built with cublasLt.h",
        "the grouped cuBLASLt ragged_dot handler is compiled with the cuBLASLt dot, only where cublasLt.h was "
        "found at build time (any version: the grouped entry point is looked up at run time)")
 def _ragged_dot_cublaslt_built():
-    return _cuda_target_built("gpuext_ragged_dot_cublaslt", "cublaslt_dot",
-                              "built without cublasLt.h (pip install nvidia-cublas in the build env, or set "
-                              "JAX_GPUEXT_CUBLASLT_INCLUDE_DIR)")
+    return _cuda_target_built("gpuext_ragged_dot_cublaslt", "cublaslt_dot", _NO_CUBLASLT_H)
 
 
 @_gate("cudnn_dot_built", "build", "_cuda built with JAX_GPUEXT_CUDNN on",

@@ -46,6 +46,39 @@ Status LoadCublasLt(const std::string& path, const CublasLtApi** api);
 // "CUBLAS_STATUS_NOT_SUPPORTED (15)": cublasLtGetStatusString is not in every version.
 std::string CublasStatusName(cublasStatus_t s);
 
+// RAII for one matmul's descriptors: every early return releases what was created.
+struct CublasLtDescriptors {
+  const CublasLtApi* api;
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  explicit CublasLtDescriptors(const CublasLtApi* api) : api(api) {}
+  CublasLtDescriptors(const CublasLtDescriptors&) = delete;
+  CublasLtDescriptors& operator=(const CublasLtDescriptors&) = delete;
+  ~CublasLtDescriptors() {
+    if (pref) api->MatmulPreferenceDestroy(pref);
+    if (d) api->MatrixLayoutDestroy(d);
+    if (b) api->MatrixLayoutDestroy(b);
+    if (a) api->MatrixLayoutDestroy(a);
+    if (op) api->MatmulDescDestroy(op);
+  }
+};
+
+template <typename T>
+cublasStatus_t SetMatmulDesc(const CublasLtApi* api, cublasLtMatmulDesc_t op, cublasLtMatmulDescAttributes_t attr,
+                             const T& value) {
+  return api->MatmulDescSetAttribute(op, attr, &value, sizeof(value));
+}
+
+// The process's cuBLASLt handle of `device` (created on first use, kept: REFERENCE section 1,
+// process-global state instead of FFI State types), shared by every matmul we run there.
+Status CublasLtHandleOf(const CublasLtApi* api, int device, cublasLtHandle_t* handle);
+
+// A small device buffer of `device` (allocated once, kept) whose addresses stand in for device
+// pointers when the heuristic is asked at trace time: it reads none of them, but the block-scale
+// modes refuse a descriptor without scale pointers. At least 256 bytes, 256-byte aligned.
+Status StandInDeviceBuffer(int device, char** buffer);
+
 }  // namespace gpuext
 
 // Turns a cublasStatus_t into a Status naming the call (csrc/ counterpart of AS_STATUS).

@@ -3,10 +3,10 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <string>
 #include <tuple>
 #include <type_traits>
 
-#include "csrc/common/cuda_check.h"
 #include "csrc/common/scoped_device.h"
 #include "csrc/dot/cublaslt_api.h"
 
@@ -34,27 +34,6 @@ static_assert(std::is_same_v<decltype(&cublasLtGroupedMatrixLayoutCreate), Cubla
 constexpr int kLhsScaleMode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 
-struct Descriptors {
-  const CublasLtApi* api;
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
-  explicit Descriptors(const CublasLtApi* api) : api(api) {}
-  ~Descriptors() {
-    if (pref) api->MatmulPreferenceDestroy(pref);
-    if (d) api->MatrixLayoutDestroy(d);
-    if (b) api->MatrixLayoutDestroy(b);
-    if (a) api->MatrixLayoutDestroy(a);
-    if (op) api->MatmulDescDestroy(op);
-  }
-};
-
-template <typename T>
-cublasStatus_t SetOp(const CublasLtApi* api, cublasLtMatmulDesc_t op, cublasLtMatmulDescAttributes_t attr,
-                     const T& value) {
-  return api->MatmulDescSetAttribute(op, attr, &value, sizeof(value));
-}
-
 // Average rows per group (cuBLAS's n), the heuristic's hint: the group sizes themselves are on
 // the device. Padded groups are row_align multiples, so the hint is too.
 int64_t AverageGroupRows(const RaggedGemm& g) {
@@ -65,23 +44,24 @@ int64_t AverageGroupRows(const RaggedGemm& g) {
 // The operation and the three grouped layouts over `arrays` (device arrays: cuBLASLt reads them
 // when the matmul runs, never on the host). cuBLAS is column-major: per group
 // D (N x n_g) = op_T(A = rhs_g, stored K x N) * op_N(B = lhs rows, stored K x n_g): TN, as FP8 needs.
-Status Describe(const CublasLtApi* api, const GroupedMatmul& p, const GroupedArrays& arrays, Descriptors& ds) {
+Status Describe(const CublasLtApi* api, const GroupedMatmul& p, const GroupedArrays& arrays,
+                CublasLtDescriptors& ds) {
   if (api->GroupedMatrixLayoutCreate == nullptr) {
     return Status::Error("this cuBLASLt has no cublasLtGroupedMatrixLayoutCreate: the grouped GEMM needs cuBLAS "
                          ">= 13.2, and >= 13.4 for FP8 block scaling on Hopper (pip install -U nvidia-cublas)");
   }
   GPUEXT_CUBLAS_RETURN_IF_ERROR(api->MatmulDescCreate(&ds.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
-  GPUEXT_CUBLAS_RETURN_IF_ERROR(SetOp(api, ds.op, CUBLASLT_MATMUL_DESC_TRANSA, t));
-  GPUEXT_CUBLAS_RETURN_IF_ERROR(SetOp(api, ds.op, CUBLASLT_MATMUL_DESC_TRANSB, n));
+  GPUEXT_CUBLAS_RETURN_IF_ERROR(SetMatmulDesc(api, ds.op, CUBLASLT_MATMUL_DESC_TRANSA, t));
+  GPUEXT_CUBLAS_RETURN_IF_ERROR(SetMatmulDesc(api, ds.op, CUBLASLT_MATMUL_DESC_TRANSB, n));
   // alpha = 1, beta = 0 from host constants (the default pointer mode): one alpha for every group,
   // which is all Hopper's grouped GEMM takes, as NVIDIA's LtBlk128x128Fp8gemmGroupedSimple sample runs it.
   const int32_t a_mode = p.rhs_scale_mode, b_mode = kLhsScaleMode;
-  GPUEXT_CUBLAS_RETURN_IF_ERROR(SetOp(api, ds.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, a_mode));
-  GPUEXT_CUBLAS_RETURN_IF_ERROR(SetOp(api, ds.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, b_mode));
+  GPUEXT_CUBLAS_RETURN_IF_ERROR(SetMatmulDesc(api, ds.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, a_mode));
+  GPUEXT_CUBLAS_RETURN_IF_ERROR(SetMatmulDesc(api, ds.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, b_mode));
   // In grouped mode the scale "pointers" are device arrays of per-group scale pointers.
-  GPUEXT_CUBLAS_RETURN_IF_ERROR(SetOp(api, ds.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, arrays.a_scale));
-  GPUEXT_CUBLAS_RETURN_IF_ERROR(SetOp(api, ds.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, arrays.b_scale));
+  GPUEXT_CUBLAS_RETURN_IF_ERROR(SetMatmulDesc(api, ds.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, arrays.a_scale));
+  GPUEXT_CUBLAS_RETURN_IF_ERROR(SetMatmulDesc(api, ds.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, arrays.b_scale));
   const int groups = static_cast<int>(p.gemm.groups);
   GPUEXT_CUBLAS_RETURN_IF_ERROR(
       api->GroupedMatrixLayoutCreate(&ds.a, CUDA_R_8F_E4M3, groups, arrays.a_rows, arrays.a_cols, arrays.lda));
@@ -105,10 +85,6 @@ Status SetAverage(const CublasLtApi* api, cublasLtMatmulPreference_t pref, int a
 using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int32_t, int, int>;
 
 std::mutex g_mu;
-std::map<int, cublasLtHandle_t>& Handles() {
-  static auto* h = new std::map<int, cublasLtHandle_t>();
-  return *h;
-}
 std::map<Key, cublasLtMatmulAlgo_t>& Plans() {
   static auto* p = new std::map<Key, cublasLtMatmulAlgo_t>();
   return *p;
@@ -117,16 +93,10 @@ int64_t g_built_while_running = 0;  // guarded by g_mu
 
 // The handle of `device` and the algorithm of p's key, created on first use and cached for the
 // process (REFERENCE section 1: process-global state, not FFI State). `ds` describes p.
-Status PlanFor(const CublasLtApi* api, int device, const GroupedMatmul& p, Descriptors& ds, bool running,
+Status PlanFor(const CublasLtApi* api, int device, const GroupedMatmul& p, CublasLtDescriptors& ds, bool running,
                cublasLtHandle_t* handle, cublasLtMatmulAlgo_t* algo) {
+  GPUEXT_RETURN_IF_ERROR(CublasLtHandleOf(api, device, handle));
   std::lock_guard<std::mutex> lock(g_mu);
-  auto it = Handles().find(device);
-  if (it == Handles().end()) {
-    GPUEXT_CUBLAS_RETURN_IF_ERROR(api->Create(handle));
-    Handles()[device] = *handle;
-  } else {
-    *handle = it->second;
-  }
   const RaggedGemm& g = p.gemm;
   const Key key{device, g.n, g.k, g.groups, AverageGroupRows(g), g.row_align, p.rhs_scale_mode,
                 static_cast<int>(p.out_type)};
@@ -144,7 +114,8 @@ Status PlanFor(const CublasLtApi* api, int device, const GroupedMatmul& p, Descr
     GPUEXT_CUBLAS_RETURN_IF_ERROR(
         api->MatmulAlgoGetHeuristic(*handle, ds.op, ds.a, ds.b, ds.d, ds.d, ds.pref, 1, &result, &found));
     if (found > 0 && result.state != CUBLAS_STATUS_SUCCESS) {
-      return Status::Error("cuBLASLt heuristic returned a grouped algorithm in state " + CublasStatusName(result.state));
+      return Status::Error("cuBLASLt heuristic returned a grouped algorithm in state " +
+                           CublasStatusName(result.state));
     }
     if (found == 0) {
       return Status::Error("cuBLASLt has no grouped FP8 blockwise algorithm for N=" + std::to_string(g.n) +
@@ -157,18 +128,14 @@ Status PlanFor(const CublasLtApi* api, int device, const GroupedMatmul& p, Descr
   return Status::Ok();
 }
 
-// Device addresses that stand in for the per-group arrays when the heuristic is asked at trace
-// time (it reads none of them: the shapes are averages), one small buffer per device, kept.
+// The per-group arrays at trace time: stand-in device addresses (the heuristic reads none of them).
 Status StandInArrays(int device, GroupedArrays* out) {
-  static std::mutex mu;
-  static auto* buffers = new std::map<int, void*>();
-  std::lock_guard<std::mutex> lock(mu);
-  void*& buffer = (*buffers)[device];
-  if (buffer == nullptr) GPUEXT_CUDA_RETURN_IF_ERROR(cudaMalloc(&buffer, kGroupedWorkspaceAlignment));
-  auto* ptrs = static_cast<const void**>(buffer);
-  auto* ints = static_cast<int32_t*>(buffer);
+  char* buffer = nullptr;
+  GPUEXT_RETURN_IF_ERROR(StandInDeviceBuffer(device, &buffer));
+  auto* ptrs = reinterpret_cast<const void**>(buffer);
+  auto* ints = reinterpret_cast<int32_t*>(buffer);
   out->a = out->b = out->a_scale = out->b_scale = ptrs;
-  out->d = static_cast<void**>(buffer);
+  out->d = reinterpret_cast<void**>(buffer);
   out->a_rows = out->a_cols = out->lda = out->b_rows = out->b_cols = out->ldb = out->d_rows = out->d_cols =
       out->ldd = ints;
   return Status::Ok();
@@ -223,7 +190,7 @@ Status PrepareGroupedMatmul(const std::string& library_path, int device, const G
   GPUEXT_RETURN_IF_ERROR(scoped.Enter(device, &current));
   GroupedArrays stand_in;
   GPUEXT_RETURN_IF_ERROR(StandInArrays(current, &stand_in));
-  Descriptors ds(api);
+  CublasLtDescriptors ds(api);
   GPUEXT_RETURN_IF_ERROR(Describe(api, p, stand_in, ds));
   cublasLtHandle_t handle = nullptr;
   cublasLtMatmulAlgo_t algo;
@@ -241,7 +208,7 @@ Status RunGroupedMatmul(const std::string& library_path, int device_ordinal, con
   const GroupedWorkspace ws = CarveGroupedWorkspace(workspace, g);
   // Library, descriptors and plan first (host work only): a missing library fails before any launch.
   const CublasLtApi* api = nullptr;
-  Descriptors ds(nullptr);
+  CublasLtDescriptors ds(nullptr);
   cublasLtHandle_t handle = nullptr;
   cublasLtMatmulAlgo_t algo;
   if (g.groups > 0) {

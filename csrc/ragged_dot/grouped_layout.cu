@@ -116,7 +116,9 @@ __global__ void GroupedPackKernel(RaggedGemm p, GroupedWorkspace ws, int64_t cap
     const bool real = i < a.row_start[g + 1] - a.row_start[g];
     const int64_t src = a.row_start[g] + i;
     float* scale = ws.lhs_scale + a.packed_start[g] * kb + i;
-    for (int64_t b = threadIdx.x; b < kb; b += blockDim.x) scale[b * padded_g] = real ? p.lhs_scale[src * kb + b] : 0.0f;
+    for (int64_t b = threadIdx.x; b < kb; b += blockDim.x) {
+      scale[b * padded_g] = real ? p.lhs_scale[src * kb + b] : 0.0f;
+    }
     if (ws.lhs != nullptr) {
       uint4* dst = reinterpret_cast<uint4*>(ws.lhs + row * p.k);
       const uint4* from = reinterpret_cast<const uint4*>(p.lhs + src * p.k);

@@ -128,7 +128,8 @@ def impl(lhs, rhs, group_sizes, p: RaggedProblem, sel=None, *, row_align: int = 
     if row_align not in ROW_ALIGNS:
         raise ValueError(f"row_align must be one of {ROW_ALIGNS}, got {row_align}")
     if lhs.axis % 2 != 1:
-        raise ValueError(f"ragged_dot cublaslt: FP8_1x128 lhs blocks must run along K (axis 1), got axis {lhs.axis % 2}")
+        raise ValueError(f"ragged_dot cublaslt: FP8_1x128 lhs blocks must run along K (axis 1), "
+                         f"got axis {lhs.axis % 2}")
     data_r, scale_r = rhs_operand(rhs, p)
     if sel is not None and p.rhs_contract == 1:
         backends.note(sel, "rhs (G, K, N) transposed to (G, N, K) on every call (FP8 needs K-contiguous weights): "
