@@ -1,5 +1,6 @@
-"""Grouped (MoE) FP8 blockwise dot on a GPU: the cuBLASLt grouped backend of ragged_dot vs bf16
-``jax.lax.ragged_dot`` and vs a per-expert loop of our dense FP8 blockwise dot, in one run.
+"""Grouped (MoE) FP8 blockwise dot on a GPU: ragged_dot's CUDA backends (cuBLASLt's grouped GEMM,
+our grouped Hopper kernel) vs bf16 ``jax.lax.ragged_dot`` and vs a per-expert loop of our dense
+FP8 blockwise dot, in one run.
 
     python benchmarks/bench_ragged_dot.py [--out results.json] [--quick]
 
@@ -27,7 +28,7 @@ import numpy as np
 
 import jax_gpuext as gx
 from jax_gpuext import formats, gates
-from jax_gpuext.ragged_dot import cublaslt
+from jax_gpuext.ragged_dot import cublaslt, hopper
 from jax_gpuext.ragged_dot.common import RaggedProblem
 
 from bench_dot import _time  # the dense table's timing loop (a script's own directory is on sys.path)
@@ -85,6 +86,13 @@ def bench_case(layer, rows_per_expert, kind, g=EXPERTS):
             f = jax.jit(lambda a, b, s, align=align: cublaslt.impl(a, b, s, p, row_align=align))
             row[f"cublaslt_row_align{align}"] = flops / _time(f, lhs, rhs, gs, iters=10) / 1e12
 
+    ok = hopper.supports(p)
+    if not ok.supported or not gates.check_all(hopper.GATES).supported:
+        row["hopper_error"] = (ok.reason if not ok.supported else gates.check_all(hopper.GATES).reason)[:300]
+    else:
+        f = jax.jit(lambda a, b, s: hopper.impl(a, b, s, p))
+        row["hopper"] = flops / _time(f, lhs, rhs, gs, iters=10) / 1e12
+
     starts = np.concatenate([[0], np.cumsum(sizes)])
 
     def loop(a, b):  # host-known sizes: one dense cuBLASLt FP8 blockwise call per non-empty expert
@@ -102,14 +110,14 @@ def bench_case(layer, rows_per_expert, kind, g=EXPERTS):
 
 
 def markdown(rows):
-    cols = [c for c in ("cublaslt_row_align16", "cublaslt_row_align1", "dense_fp8_loop")
+    cols = [c for c in ("hopper", "cublaslt_row_align16", "cublaslt_row_align1", "dense_fp8_loop")
             if any(c in r for r in rows)]
-    out = ["| layer | G | M | K | N | sizes | bf16 ragged_dot TFLOP/s | "
-           + " | ".join(f"{c} TFLOP/s (x bf16)" for c in cols) + " |", "|---" * (7 + len(cols)) + "|"]
+    head = ["layer", "G", "M", "K", "N", "sizes", "bf16 ragged_dot TFLOP/s"] + [f"{c} TFLOP/s (x bf16)" for c in cols]
+    out = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for r in rows:
-        cells = [f"{r[c]:.0f} ({r[c] / r['bf16_ragged_dot']:.2f}x)" if c in r else "-" for c in cols]
-        out.append(f"| {r['layer']} | {r['G']} | {r['M']} | {r['K']} | {r['N']} | {r['sizes']} | "
-                   f"{r['bf16_ragged_dot']:.0f} | " + " | ".join(cells) + " |")
+        cells = [r["layer"], r["G"], r["M"], r["K"], r["N"], r["sizes"], f"{r['bf16_ragged_dot']:.0f}"]
+        cells += [f"{r[c]:.0f} ({r[c] / r['bf16_ragged_dot']:.2f}x)" if c in r else "-" for c in cols]
+        out.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(out)
 
 
@@ -141,10 +149,14 @@ def main(argv=None):
         rows.append(bench_case(*case))
         save()
         r = rows[-1]
-        best = max((r[c] for c in r if c.startswith("cublaslt_row_align")), default=None)
-        print(f"{case}: bf16 {r['bf16_ragged_dot']:.0f} TFLOP/s" +
-              (f", cublaslt {best:.0f} ({best / r['bf16_ragged_dot']:.2f}x, goal >= 1.5x)" if best else
-               f", cublaslt: {r.get('cublaslt_error', '-')}"), flush=True)
+        line = f"{case}: bf16 {r['bf16_ragged_dot']:.0f} TFLOP/s"
+        for name in ("hopper", "cublaslt_row_align16", "cublaslt_row_align1"):
+            if name in r:
+                line += f", {name} {r[name]:.0f} ({r[name] / r['bf16_ragged_dot']:.2f}x, goal >= 1.5x)"
+        for name in ("hopper", "cublaslt"):
+            if f"{name}_error" in r:
+                line += f", {name}: {r[f'{name}_error']}"
+        print(line, flush=True)
     print(markdown(rows))
     return 0
 

@@ -27,8 +27,7 @@ if(TARGET _cuda)
       csrc/ragged_dot/cublaslt_grouped.cc
       ffi/cuda/ragged_dot_cublaslt.cc
       ffi/cuda/ragged_dot_cublaslt_prepare.cc)
-    # its kernels (group-size scan, lhs re-layout, output copy) need no cuBLAS header
-    target_sources(_cuda PRIVATE ${_gpuext_cublaslt_sources} csrc/ragged_dot/grouped_layout.cu)
+    target_sources(_cuda PRIVATE ${_gpuext_cublaslt_sources})
     # Only these host files see the header's directory: a wheel's nvidia/cu13/include also holds
     # what other wheels of the build environment put there (a newer CCCL, nvrtc.h), which must not
     # shadow the toolkit's own headers in _cuda's nvcc-compiled kernels. (Source-level include

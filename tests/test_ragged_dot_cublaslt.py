@@ -3,9 +3,9 @@
 CPU tests check what is decided before any GPU: the workspace size the Python side allocates
 against the handler's own computation, the per-group rhs scale layouts against the cuBLAS docs'
 statement of how cuBLAS reads them (emulated here), the reasons ``supports`` gives, and the
-custom call the backend lowers to. GPU tests (marked gpu) compare the handler with a float64
-NumPy model of the grouped product written here: groups of rows, one weight matrix each, rows
-past the groups zero.
+custom call the backend lowers to. GPU tests (marked gpu) compare the handler with the float64
+NumPy model of tests/_ragged_model.py: groups of rows, one weight matrix each, rows past the
+groups zero.
 """
 
 from __future__ import annotations
@@ -17,71 +17,11 @@ import pytest
 
 import jax_gpuext as gx
 from _hlo import custom_calls_in_command_buffers
+from _ragged_model import SIZES, check_gpu_result, operands, problem
 from jax_gpuext import _ext
 from jax_gpuext.ragged_dot import cublaslt
-from jax_gpuext.ragged_dot.common import RaggedProblem
 
 TARGET = cublaslt.TARGET
-
-
-def rand(key, shape, scale=1.0):
-    return jax.random.normal(jax.random.key(key), shape, jnp.float32) * scale
-
-
-def problem(m=64, k=256, n=128, g=4, rhs_format=gx.FP8_128x128, out=jnp.bfloat16, rhs_contract=2,
-            mode="ragged_m", lhs_format=gx.FP8_1x128):
-    return RaggedProblem(mode, m, k, n, g, lhs_format, rhs_format, out, rhs_contract)
-
-
-def operands(m, k, n, g, rhs_format, rhs_contract, seed=0):
-    """lhs FP8_1x128 (M, K); rhs quantized with its blocks along K, stored (G, N, K) for
-    rhs_contract 2 or (G, K, N) for 1."""
-    lhs = gx.quantize(rand(seed, (m, k)), gx.FP8_1x128)
-    w = rand(seed + 1, (g, n, k), 0.1)
-    if rhs_contract == 1:
-        w = jnp.swapaxes(w, 1, 2)
-    axis = -1 if rhs_contract == 2 else 1
-    rhs = gx.quantize(w, rhs_format) if rhs_format == gx.FP8_128x128 else gx.quantize(w, rhs_format, axis=axis)
-    return lhs, rhs
-
-
-# --------------------------------------------------------------------------- float64 NumPy model
-def np_dequant_rows(q):
-    """FP8_1x128 along the last axis, float64: data * the scale of element k's block k // 128."""
-    data = np.asarray(q.data.astype(jnp.float32), np.float64)
-    scale = np.asarray(q.scale, np.float64)
-    return data * scale[..., np.arange(data.shape[-1]) // 128]
-
-
-def np_weights_gnk(q, rhs_contract):
-    """Dequantized weights as (G, N, K) float64, by explicit block indices."""
-    data = np.asarray(q.data.astype(jnp.float32), np.float64)
-    scale = np.asarray(q.scale, np.float64)
-    if q.format == gx.FP8_128x128:
-        r = np.arange(data.shape[1]) // 128
-        c = np.arange(data.shape[2]) // 128
-        w = data * scale[:, r][:, :, c]
-    else:
-        ax = q.axis % 3
-        w = data * np.take(scale, np.arange(data.shape[ax]) // 128, axis=ax)
-    return w if rhs_contract == 2 else np.swapaxes(w, 1, 2)
-
-
-def np_ragged_dot(lhs, rhs, sizes, rhs_contract):
-    """out[r] = lhs[r] . W[g(r)]^T for the rows of each group; rows past the groups are 0. Sizes
-    are clamped as the handler documents: negative -> 0, nothing past row M."""
-    a = np_dequant_rows(lhs)
-    w = np_weights_gnk(rhs, rhs_contract)
-    m = a.shape[0]
-    out = np.zeros((m, w.shape[1]))
-    mag = np.zeros_like(out)
-    start = 0
-    for g, s in enumerate(np.asarray(sizes, np.int64)):
-        end = min(start + max(int(s), 0), m)
-        out[start:end] = a[start:end] @ w[g].T
-        mag[start:end] = np.abs(a[start:end]) @ np.abs(w[g]).T
-        start = end
-    return out, mag
 
 
 # --------------------------------------------------------------------------- CPU: layouts, sizes, reasons
@@ -128,7 +68,7 @@ def test_supports_says_why():
     why = lambda **kw: cublaslt.supports(problem(**kw)).reason  # noqa: E731
     assert "ragged-contracted" in why(mode="ragged_contract")
     assert "FP8_1x128 activations" in why(lhs_format=gx.MXFP8_E4M3, rhs_format=gx.MXFP8_E4M3)
-    assert "bfloat16 or float32" in why(out=jnp.float16)
+    assert "writes bfloat16, float32" in why(out=jnp.float16)
     assert "K=200" in why(k=200)
     assert "N=100" in why(n=100)
     ok = cublaslt.supports(problem())
@@ -161,33 +101,10 @@ def test_handler_registers_an_initialize_stage():
 # --------------------------------------------------------------------------- GPU (Hopper, cuBLAS >= 13.4)
 GPU_GATES = ("hopper", "ragged_dot_cublaslt_built", "cublaslt_grouped_fp8")
 
-SIZES = {  # G = 6 groups over M = 200 rows (sum <= M)
-    "balanced": [32, 32, 32, 32, 32, 32],
-    "skewed": [150, 2, 0, 40, 1, 7],
-    "empty_groups": [0, 0, 96, 0, 0, 104],
-    "single_rows": [1, 1, 1, 1, 1, 1],
-    "sum_below_m": [17, 33, 5, 0, 60, 3],
-    "one_group_all": [200, 0, 0, 0, 0, 0],
-}
-
 
 def _run(lhs, rhs, sizes, p, row_align, **jit_kw):
     f = jax.jit(lambda a, b, s: cublaslt.impl(a, b, s, p, row_align=row_align), **jit_kw)
     return f, f(lhs, rhs, sizes)
-
-
-def _check(y, lhs, rhs, sizes, rhs_contract, out_dtype):
-    want, mag = np_ragged_dot(lhs, rhs, sizes, rhs_contract)
-    y = np.asarray(y.astype(jnp.float32), np.float64)
-    # fp32 accumulation of FP8 products (fewer product bits on Hopper: 1e-3 of sum |terms|), then
-    # the output's rounding
-    ulp = 2.0 ** -8 if out_dtype == jnp.bfloat16 else 2.0 ** -23
-    bound = 1e-3 * mag + ulp * np.abs(want) + 1e-30
-    bad = np.abs(y - want) > bound
-    assert not bad.any(), f"{bad.sum()} of {bad.size} elements off, first at {np.argwhere(bad)[0]}"
-    total = min(int(np.clip(np.asarray(sizes, np.int64), 0, None).sum()), y.shape[0])
-    assert (y[total:] == 0).all(), "rows past the groups must be written as zeros"
-
 
 @pytest.mark.verifies("ragged_dot.cublaslt")
 @pytest.mark.gpu
@@ -200,7 +117,7 @@ def test_gpu_matches_f64(case, row_align):
     sizes = jnp.array(SIZES[case], jnp.int32)
     p = problem(m=m, k=k, n=n, g=6)
     f, y = _run(lhs, rhs, sizes, p, row_align)
-    _check(y, lhs, rhs, sizes, 2, jnp.bfloat16)
+    check_gpu_result(y, lhs, rhs, sizes, 2, jnp.bfloat16)
     assert TARGET in f.lower(lhs, rhs, sizes).compile().as_text()
 
 
@@ -218,7 +135,7 @@ def test_gpu_formats_layouts_outputs(fmt, rhs_contract, out_dtype):
     p = problem(m=m, k=k, n=n, g=g, rhs_format=fmt, out=out_dtype, rhs_contract=rhs_contract)
     _, y = _run(lhs, rhs, sizes, p, cublaslt.ROW_ALIGN)
     assert y.dtype == out_dtype
-    _check(y, lhs, rhs, sizes, rhs_contract, out_dtype)
+    check_gpu_result(y, lhs, rhs, sizes, rhs_contract, out_dtype)
 
 
 
@@ -235,7 +152,7 @@ def test_gpu_group_sizes_out_of_range_stay_in_bounds(row_align):
     for sizes in ([-5, 40, 2**31 - 1, 7], [70, 70, 70, 70], [-1, -1, -1, -1]):
         sizes = jnp.array(sizes, jnp.int32)
         _, y = _run(lhs, rhs, sizes, p, row_align)
-        _check(y, lhs, rhs, sizes, 2, jnp.bfloat16)
+        check_gpu_result(y, lhs, rhs, sizes, 2, jnp.bfloat16)
 
 
 
@@ -254,7 +171,7 @@ def test_gpu_command_buffer_reads_the_sizes_of_each_call(command_buffer):
     f = jax.jit(lambda a, b, s: cublaslt.impl(a, b, s, p), compiler_options=opts)
     for sizes in ([32, 32, 32, 32], [0, 100, 1, 20], [128, 0, 0, 0], [32, 32, 32, 32]):
         sizes = jnp.array(sizes, jnp.int32)
-        _check(f(lhs, rhs, sizes), lhs, rhs, sizes, 2, jnp.bfloat16)
+        check_gpu_result(f(lhs, rhs, sizes), lhs, rhs, sizes, 2, jnp.bfloat16)
     captured = custom_calls_in_command_buffers(f.lower(lhs, rhs, jnp.zeros(g, jnp.int32)).compile().as_text())
     assert (TARGET in captured) == bool(command_buffer), captured
     plans, built_while_running = _ext.module("cuda").cublaslt_grouped_plan_stats()

@@ -50,8 +50,20 @@ __device__ int64_t OwningGroup(const int64_t* starts, int64_t groups, int64_t ro
   return lo;
 }
 
-// One block. Group sizes are clamped as they are scanned (negative -> 0, nothing past row M),
-// so no pointer written here leaves its buffer whatever the device array holds.
+// One step of the one-block scan over the group sizes: the group of this thread (g, or none past
+// the last) gets its clamped rows [*start, *start + *rows): negative sizes count 0, nothing passes
+// row m, whatever the device array holds. `carry` is the unclamped row total of earlier steps;
+// returns this thread's unclamped inclusive total (the last thread's is the next step's carry).
+__device__ int64_t ClampedGroupRows(const int32_t* sizes, int64_t groups, int64_t m, int64_t g, int64_t carry,
+                                    int64_t* warp_totals, int64_t* start, int64_t* rows) {
+  const int64_t size = g < groups ? max(sizes[g], 0) : 0;
+  const int64_t end = BlockInclusiveSum(size, warp_totals) + carry;  // unclamped, fits int64
+  *start = min(end - size, m);
+  *rows = min(end, m) - *start;
+  return end;
+}
+
+// One block: the arrays cuBLASLt reads, and the offsets the other kernels search.
 __global__ void GroupedSetupKernel(RaggedGemm p, GroupedWorkspace ws) {
   __shared__ int64_t warp_totals[32];
   __shared__ int64_t carry[2];  // rows and padded rows of the groups of earlier steps
@@ -63,10 +75,9 @@ __global__ void GroupedSetupKernel(RaggedGemm p, GroupedWorkspace ws) {
   __syncthreads();
   for (int64_t first = 0; first < p.groups; first += blockDim.x) {
     const int64_t g = first + threadIdx.x;
-    const int64_t size = g < p.groups ? max(p.group_sizes[g], 0) : 0;
     const int64_t carry_rows = carry[0], carry_padded = carry[1];
-    const int64_t end = BlockInclusiveSum(size, warp_totals) + carry_rows;  // unclamped, fits int64
-    const int64_t start = min(end - size, p.m), rows = min(end, p.m) - start;
+    int64_t start = 0, rows = 0;
+    const int64_t end = ClampedGroupRows(p.group_sizes, p.groups, p.m, g, carry_rows, warp_totals, &start, &rows);
     const int64_t padded = RoundUp(rows, scale_align);  // rows of the group in the scale layout
     const int64_t padded_end = BlockInclusiveSum(padded, warp_totals) + carry_padded;
     const int64_t padded_start = padded_end - padded;
@@ -127,21 +138,54 @@ __global__ void GroupedPackKernel(RaggedGemm p, GroupedWorkspace ws, int64_t cap
   }
 }
 
-// Rows of out: past the groups zeroed; in the padded mode the others copied from the padded output.
-__global__ void GroupedFinishKernel(RaggedGemm p, GroupedWorkspace ws) {
-  const GroupedArrays& a = ws.arrays;
-  const int64_t total = a.row_start[p.groups];
-  const int64_t chunks = p.n * static_cast<int64_t>(p.out_elem_bytes) / 16;
-  const int64_t first = ws.out != nullptr ? 0 : total;  // in place: cuBLASLt wrote rows < total
-  for (int64_t r = first + blockIdx.x; r < p.m; r += gridDim.x) {
-    uint4* dst = reinterpret_cast<uint4*>(static_cast<char*>(p.out)) + r * chunks;
+// Rows of out: those past the groups (from row_start[groups]) zeroed; with a padded output, the
+// others copied from it (group g's row i sits at padded row packed_start[g] + i).
+__global__ void FinishRowsKernel(void* out, int64_t m, int64_t chunks, const int64_t* row_start,
+                                 const int64_t* packed_start, int64_t groups, const void* padded_out) {
+  const int64_t total = row_start[groups];
+  const int64_t first = padded_out != nullptr ? 0 : total;  // in place: the matmul wrote rows < total
+  for (int64_t r = first + blockIdx.x; r < m; r += gridDim.x) {
+    uint4* dst = reinterpret_cast<uint4*>(out) + r * chunks;
     if (r >= total) {
       for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) dst[c] = make_uint4(0, 0, 0, 0);
       continue;
     }
-    const int64_t g = OwningGroup(a.row_start, p.groups, r);
-    const uint4* from = reinterpret_cast<const uint4*>(ws.out) + (a.packed_start[g] + r - a.row_start[g]) * chunks;
+    const int64_t g = OwningGroup(row_start, groups, r);
+    const uint4* from = reinterpret_cast<const uint4*>(padded_out) + (packed_start[g] + r - row_start[g]) * chunks;
     for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) dst[c] = from[c];
+  }
+}
+
+// One block: row_start and the table of row tiles (tile_rows rows of one group each).
+__global__ void GroupedTilesKernel(const int32_t* sizes, int64_t groups, int64_t m, int32_t tile_rows,
+                                   GroupTile* tiles, int32_t* tile_count, int64_t* row_start) {
+  __shared__ int64_t warp_totals[32];
+  __shared__ int64_t carry[2];  // rows and tiles of the groups of earlier steps
+  if (threadIdx.x == 0) carry[0] = carry[1] = 0;
+  __syncthreads();
+  for (int64_t first = 0; first < groups; first += blockDim.x) {
+    const int64_t g = first + threadIdx.x;
+    const int64_t carry_rows = carry[0], carry_tiles = carry[1];
+    int64_t start = 0, rows = 0;
+    const int64_t end = ClampedGroupRows(sizes, groups, m, g, carry_rows, warp_totals, &start, &rows);
+    const int64_t n_tiles = (rows + tile_rows - 1) / tile_rows;
+    const int64_t tiles_end = BlockInclusiveSum(n_tiles, warp_totals) + carry_tiles;
+    if (g < groups) {
+      row_start[g] = start;
+      for (int64_t i = 0; i < n_tiles; ++i) {
+        tiles[tiles_end - n_tiles + i] = GroupTile{static_cast<int32_t>(g), static_cast<int32_t>(start + i * tile_rows),
+                                                   static_cast<int32_t>(start + rows), 0};
+      }
+    }
+    if (threadIdx.x == blockDim.x - 1) {
+      carry[0] = end;
+      carry[1] = tiles_end;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    row_start[groups] = min(carry[0], m);
+    *tile_count = static_cast<int32_t>(carry[1]);
   }
 }
 
@@ -216,8 +260,26 @@ Status LaunchGroupedPrepare(const RaggedGemm& p, const GroupedWorkspace& ws, cud
 }
 
 Status LaunchGroupedFinish(const RaggedGemm& p, const GroupedWorkspace& ws, cudaStream_t stream) {
-  GroupedFinishKernel<<<Blocks(p.m), kCopyThreads, 0, stream>>>(p, ws);
-  GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("GroupedFinishKernel");
+  return LaunchFinishRows(p.out, p.m, p.n * static_cast<int64_t>(p.out_elem_bytes), ws.arrays.row_start,
+                          ws.arrays.packed_start, p.groups, ws.out, stream);
+}
+
+Status LaunchFinishRows(void* out, int64_t m, int64_t row_bytes, const int64_t* row_start,
+                        const int64_t* packed_start, int64_t groups, const void* padded_out, cudaStream_t stream) {
+  FinishRowsKernel<<<Blocks(m), kCopyThreads, 0, stream>>>(out, m, row_bytes / 16, row_start, packed_start, groups,
+                                                           padded_out);
+  GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("FinishRowsKernel");
+  return Status::Ok();
+}
+
+int64_t TileCapacity(int64_t m, int64_t groups, int32_t tile_rows) { return (m + tile_rows - 1) / tile_rows + groups; }
+
+Status LaunchGroupedTiles(const int32_t* group_sizes, int64_t groups, int64_t m, int32_t tile_rows,
+                          const GroupTiles& out, cudaStream_t stream) {
+  cudaGetLastError();  // an error some earlier, unrelated launch left pending is not ours to report
+  GroupedTilesKernel<<<1, kScanThreads, 0, stream>>>(group_sizes, groups, m, tile_rows, out.tiles, out.count,
+                                                      out.row_start);
+  GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("GroupedTilesKernel");
   return Status::Ok();
 }
 

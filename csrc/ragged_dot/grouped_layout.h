@@ -91,4 +91,25 @@ Status LaunchGroupedPrepare(const RaggedGemm& p, const GroupedWorkspace& ws, cud
 // The padded output copied back (row_align 16) and the rows past the groups zeroed.
 Status LaunchGroupedFinish(const RaggedGemm& p, const GroupedWorkspace& ws, cudaStream_t stream);
 
+// Rows of `out` (m rows of row_bytes, a multiple of 16) from row_start[groups] on zeroed; with
+// `padded_out`, the rows before copied from it (row i of group g at padded row packed_start[g] + i).
+Status LaunchFinishRows(void* out, int64_t m, int64_t row_bytes, const int64_t* row_start,
+                        const int64_t* packed_start, int64_t groups, const void* padded_out, cudaStream_t stream);
+
+// Row tiles for a kernel that tiles each group on its own (csrc/ragged_dot/hopper_grouped.h): tile
+// t covers rows [row0, min(row0 + tile_rows, row_end)) of group `group`; row_end is the group's end.
+struct GroupTile {
+  int32_t group, row0, row_end, unused;
+};
+struct GroupTiles {
+  GroupTile* tiles = nullptr;   // TileCapacity entries; the first *count are valid
+  int32_t* count = nullptr;
+  int64_t* row_start = nullptr;  // G + 1, as GroupedArrays::row_start
+};
+// sum_g ceil(rows_g / tile_rows) <= ceil(M / tile_rows) + G.
+int64_t TileCapacity(int64_t m, int64_t groups, int32_t tile_rows);
+// One block scans the sizes (clamped as above) into the tile table, its count and row_start.
+Status LaunchGroupedTiles(const int32_t* group_sizes, int64_t groups, int64_t m, int32_t tile_rows,
+                          const GroupTiles& out, cudaStream_t stream);
+
 }  // namespace gpuext

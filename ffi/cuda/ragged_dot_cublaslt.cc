@@ -15,10 +15,10 @@
 //  - only the buffers passed: cuBLASLt's workspace and every per-group array are carved from the
 //    workspace result;
 //  - no synchronisation or stream query: none here, and cuBLASLt's grouped GEMM with device-side
-//    shapes is host-synchronisation free and supports CUDA graphs (NVIDIA, CUDA 13.2 notes; NVIDIA's
-//    TransformerEngine declares its own cuBLASLt grouped GEMM handler kCmdBufferCompatible);
+//    shapes is host-synchronisation free and supports CUDA graphs (NVIDIA's CUDA 13.2
+//    announcement; TransformerEngine declares its cuBLASLt grouped GEMM handler kCmdBufferCompatible);
 //  - launches only on the given stream; per-call host work is descriptors only, at record time.
-// Unverified until the GPU run (test_gpu_ragged_dot_cublaslt_command_buffer).
+// Unverified until the GPU run (tests/test_ragged_dot_cublaslt.py, test_gpu_command_buffer_*).
 #include <cuda_runtime_api.h>
 
 #include <cstdint>

@@ -31,6 +31,7 @@ import numpy as np
 from jax_gpuext import _ext, _ffi, _libs, backends, formats, gates
 from jax_gpuext import dot_cublaslt as _dense_layouts
 from jax_gpuext.gates import GateResult
+from jax_gpuext.ragged_dot import fp8_cuda
 from jax_gpuext.ragged_dot.common import RaggedProblem
 
 TARGET = "gpuext_ragged_dot_cublaslt"
@@ -70,26 +71,10 @@ def rhs_scale_mode(fmt) -> int:
 
 
 def supports(p: RaggedProblem) -> GateResult:
-    if p.mode != "ragged_m":
-        return GateResult(False, "the ragged-contracted mode (weight gradient: per-group K) is not wired to cuBLASLt's "
-                                 "grouped GEMM: each group's K would need padding to 128 and its restarting 1x128 "
-                                 "scales a per-group layout, copies the xla backend does not need; it runs there")
-    if p.lhs_format != formats.FP8_1x128 or p.rhs_format not in (formats.FP8_128x128, formats.FP8_1x128):
-        return GateResult(False, f"{p.lhs_format.name} x {p.rhs_format.name}: cuBLASLt's grouped FP8 blockwise path "
-                                 "takes FP8_1x128 activations x FP8_128x128 or FP8_1x128 weights")
-    if p.out_dtype not in OUT_CODES:
-        return GateResult(False, f"output dtype {p.out_dtype}: bfloat16 or float32 (the FP8 blockwise outputs "
-                                 "TransformerEngine runs on cuBLASLt)")
-    if p.K <= 0 or p.K % 128:
-        return GateResult(False, f"K={p.K} is not a positive multiple of 128 (VEC128 / BLK128x128 scale blocks, and "
-                                 "16-byte rows of every group)")
-    if p.N % _dense_layouts.BLOCK_SCALED_N_MULTIPLE:
-        return GateResult(False, f"N={p.N} is not a multiple of {_dense_layouts.BLOCK_SCALED_N_MULTIPLE} (cuBLAS's m "
-                                 "in a block-scaling mode)")
-    if p.rhs_contract not in (1, 2):
-        return GateResult(False, f"rhs_contract={p.rhs_contract}: the rhs must be (G, K, N) or (G, N, K)")
-    if max(p.M + p.G * 15, p.N, p.K) >= 2**31:
-        return GateResult(False, "M (with 15 padding rows per group), N and K must fit cuBLAS's int32 grouped shapes")
+    why = fp8_cuda.problem_reason(p, (formats.FP8_128x128, formats.FP8_1x128), tuple(OUT_CODES),
+                                  "cuBLASLt's grouped FP8 blockwise path")
+    if why is not None:
+        return GateResult(False, why)
     return _prepare_on_local_gpus(p)
 
 
@@ -111,13 +96,7 @@ def _prepare_on_local_gpus(p: RaggedProblem) -> GateResult:
 def rhs_operand(rhs, p: RaggedProblem):
     """(data (G, N, K), scales (G, floats per group)) in the layout cuBLASLt reads for cuBLAS's A
     with ``rhs_scale_mode(p.rhs_format)``: per group what the dense backend passes for one matrix."""
-    data, scale = rhs.data, rhs.scale.astype(jnp.float32)
-    k_axis = p.rhs_contract
-    if rhs.format == formats.FP8_1x128 and rhs.axis % 3 != k_axis:
-        raise ValueError(f"ragged_dot cublaslt: FP8_1x128 rhs blocks must run along its contracted axis {k_axis}, "
-                         f"got axis {rhs.axis % 3} of {rhs.data.shape}")
-    if k_axis == 1:  # (G, K, N) -> (G, N, K); both formats' scales swap the same two axes
-        data, scale = jnp.swapaxes(data, 1, 2), jnp.swapaxes(scale, 1, 2)
+    data, scale = fp8_cuda.weights_nk(rhs, p)
     if rhs.format == formats.FP8_128x128:  # (G, N/128, K/128): K-blocks padded to 4, K fastest
         return data, _dense_layouts.blocks_k_fastest(scale)
     return data, _dense_layouts.rows_fastest(scale)  # (G, N, K/128) -> K-blocks x N, N fastest
@@ -127,13 +106,10 @@ def impl(lhs, rhs, group_sizes, p: RaggedProblem, sel=None, *, row_align: int = 
     """out (M, N) = the groups of lhs rows times their rhs matrices; rows past sum(group_sizes) are 0."""
     if row_align not in ROW_ALIGNS:
         raise ValueError(f"row_align must be one of {ROW_ALIGNS}, got {row_align}")
-    if lhs.axis % 2 != 1:
-        raise ValueError(f"ragged_dot cublaslt: FP8_1x128 lhs blocks must run along K (axis 1), "
-                         f"got axis {lhs.axis % 2}")
+    fp8_cuda.check_lhs(lhs)
     data_r, scale_r = rhs_operand(rhs, p)
     if sel is not None and p.rhs_contract == 1:
-        backends.note(sel, "rhs (G, K, N) transposed to (G, N, K) on every call (FP8 needs K-contiguous weights): "
-                           "store the weights (G, N, K) to save the copy")
+        backends.note(sel, fp8_cuda.TRANSPOSE_NOTE)
     _ext.set_library_path("cublaslt", _libs.path("cublaslt"))
     ws = workspace_bytes(p.M, p.N, p.K, p.G, row_align, p.out_dtype.itemsize) + WORKSPACE_ALIGNMENT
     out, _ = _ffi.ffi_call(
