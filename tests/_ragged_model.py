@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_gpuext as gx
+from _hlo import custom_calls_in_command_buffers
 from jax_gpuext.ragged_dot.common import RaggedProblem
 
 
@@ -94,3 +95,19 @@ def check_gpu_result(y, lhs, rhs, sizes, rhs_contract, out_dtype):
     assert not bad.any(), f"{bad.sum()} of {bad.size} elements off, first at {np.argwhere(bad)[0]}"
     total = min(int(np.clip(np.asarray(sizes, np.int64), 0, None).sum()), y.shape[0])
     assert (y[total:] == 0).all(), "rows past the groups must be written as zeros"
+
+
+def check_command_buffer_replays(impl, target, m, command_buffer, size_vectors, k=256, n=128):
+    """One compiled program run with several size vectors (group sizes are read on the device at
+    every replay of a recorded graph), each checked against the model; `target` is inside a
+    command buffer exactly when CUSTOM_CALL capture is on (the handler is kCmdBufferCompatible)."""
+    g = len(size_vectors[0])
+    lhs, rhs = operands(m, k, n, g, gx.FP8_128x128, 2, seed=40)
+    p = problem(m=m, k=k, n=n, g=g)
+    opts = {"xla_gpu_enable_command_buffer": command_buffer, "xla_gpu_graph_min_graph_size": 1}
+    f = jax.jit(lambda a, b, s: impl(a, b, s, p), compiler_options=opts)
+    for sizes in size_vectors:
+        sizes = jnp.array(sizes, jnp.int32)
+        check_gpu_result(f(lhs, rhs, sizes), lhs, rhs, sizes, 2, jnp.bfloat16)
+    captured = custom_calls_in_command_buffers(f.lower(lhs, rhs, jnp.zeros(g, jnp.int32)).compile().as_text())
+    assert (target in captured) == bool(command_buffer), captured

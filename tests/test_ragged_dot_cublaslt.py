@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 
 import jax_gpuext as gx
-from _hlo import custom_calls_in_command_buffers
-from _ragged_model import SIZES, check_gpu_result, operands, problem
+from _ragged_model import SIZES, check_command_buffer_replays, check_gpu_result, operands, problem
 from jax_gpuext import _ext
 from jax_gpuext.ragged_dot import cublaslt
 
@@ -161,19 +160,9 @@ def test_gpu_group_sizes_out_of_range_stay_in_bounds(row_align):
 @pytest.mark.gates(*GPU_GATES)
 @pytest.mark.parametrize("command_buffer", ["", "CUSTOM_CALL"])
 def test_gpu_command_buffer_reads_the_sizes_of_each_call(command_buffer):
-    """Inside a CUDA graph the group sizes are read on the device at every replay: one compiled
-    program, three different size vectors, three right answers; our call is in the command buffer
-    exactly when CUSTOM_CALL capture is on (kCmdBufferCompatible). No plan is made while running."""
-    m, k, n, g = 128, 256, 128, 4
-    lhs, rhs = operands(m, k, n, g, gx.FP8_128x128, 2, seed=40)
-    p = problem(m=m, k=k, n=n, g=g)
-    opts = {"xla_gpu_enable_command_buffer": command_buffer, "xla_gpu_graph_min_graph_size": 1}
-    f = jax.jit(lambda a, b, s: cublaslt.impl(a, b, s, p), compiler_options=opts)
-    for sizes in ([32, 32, 32, 32], [0, 100, 1, 20], [128, 0, 0, 0], [32, 32, 32, 32]):
-        sizes = jnp.array(sizes, jnp.int32)
-        check_gpu_result(f(lhs, rhs, sizes), lhs, rhs, sizes, 2, jnp.bfloat16)
-    captured = custom_calls_in_command_buffers(f.lower(lhs, rhs, jnp.zeros(g, jnp.int32)).compile().as_text())
-    assert (TARGET in captured) == bool(command_buffer), captured
+    """The sizes of every replay are read on the device (tests/_ragged_model.py); no plan is made
+    while running (trace time or the initialize stage made it)."""
+    check_command_buffer_replays(cublaslt.impl, TARGET, 128, command_buffer,
+                                 ([32, 32, 32, 32], [0, 100, 1, 20], [128, 0, 0, 0], [32, 32, 32, 32]))
     plans, built_while_running = _ext.module("cuda").cublaslt_grouped_plan_stats()
     assert plans >= 1 and built_while_running == 0
-

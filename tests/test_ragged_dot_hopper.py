@@ -15,8 +15,7 @@ import jax.numpy as jnp
 import pytest
 
 import jax_gpuext as gx
-from _hlo import custom_calls_in_command_buffers
-from _ragged_model import SIZES, check_gpu_result, operands, problem
+from _ragged_model import SIZES, check_command_buffer_replays, check_gpu_result, operands, problem
 from jax_gpuext import _ext
 from jax_gpuext.ragged_dot import hopper
 
@@ -117,13 +116,5 @@ def test_gpu_group_sizes_out_of_range_stay_in_bounds():
 @pytest.mark.gates("hopper")
 @pytest.mark.parametrize("command_buffer", ["", "CUSTOM_CALL"])
 def test_gpu_command_buffer_reads_the_sizes_of_each_call(command_buffer):
-    m, k, n, g = 300, 256, 128, 4
-    lhs, rhs = operands(m, k, n, g, gx.FP8_128x128, 2, seed=40)
-    p = problem(m=m, k=k, n=n, g=g)
-    opts = {"xla_gpu_enable_command_buffer": command_buffer, "xla_gpu_graph_min_graph_size": 1}
-    f = jax.jit(lambda a, b, s: hopper.impl(a, b, s, p), compiler_options=opts)
-    for sizes in ([75, 75, 75, 75], [0, 290, 1, 9], [300, 0, 0, 0], [75, 75, 75, 75]):
-        sizes = jnp.array(sizes, jnp.int32)
-        check_gpu_result(f(lhs, rhs, sizes), lhs, rhs, sizes, 2, jnp.bfloat16)
-    captured = custom_calls_in_command_buffers(f.lower(lhs, rhs, jnp.zeros(g, jnp.int32)).compile().as_text())
-    assert (TARGET in captured) == bool(command_buffer), captured
+    check_command_buffer_replays(hopper.impl, TARGET, 300, command_buffer,
+                                 ([75, 75, 75, 75], [0, 290, 1, 9], [300, 0, 0, 0], [75, 75, 75, 75]))
