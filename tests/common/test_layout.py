@@ -50,8 +50,9 @@ def _imports(name: str, path: pathlib.Path) -> set[str]:
             out |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
-            if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            if node.level:  # relative: from . import x / from ..p import x
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
             for a in node.names:
                 out.add(f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base)
     return {m for m in out if m in MODULES and m != name}
