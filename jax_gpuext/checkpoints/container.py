@@ -169,22 +169,26 @@ def _validated_index(path: str, fd: int, st):
 
 def _culprit(fd: int) -> str:
     """After safetensors refused a file with a reason that names no tensor (a size, an overflow, a
-    misaligned sub-byte tensor): the first entry whose shape x dtype does not fill its byte range,
-    to name it. Only the message uses this; safetensors alone decides what is valid."""
+    misaligned sub-byte tensor, data short or long): the first entry whose shape x dtype does not
+    fill its byte range, or the data's length against the tensors' end. Only the message uses
+    this; safetensors alone decides what is valid."""
     try:
-        prefix = np.zeros(1, "<u8")
-        _pread(fd, prefix, 0)
-        header = bytearray(min(int(prefix[0]), _MAX_HEADER_BYTES, os.fstat(fd).st_size))
-        _pread(fd, header, 8)
-        for name, info in json.loads(bytes(header).decode("utf-8")).items():
+        file_size = os.fstat(fd).st_size
+        length, header = _header(fd, min(_MAX_HEADER_BYTES, file_size))
+        last = 0
+        for name, info in json.loads(header.decode("utf-8")).items():
             if name == _RESERVED_NAME:
                 continue
             code, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
-            bits = math.prod(shape) * PACKED_BITS.get(code, 8 * SAFETENSORS_DTYPES[code].itemsize)
+            bits = _bits(code, shape)
             if bits != 8 * (end - begin):
                 size = bits // 8 if bits % 8 == 0 else bits / 8
                 return (f"; tensor {name!r} is {code} {shape}: {size} bytes, and its data_offsets "
                         f"[{begin}, {end}) span {end - begin}")
+            last = max(last, end)
+        if last != file_size - 8 - length:
+            return (f"; the tensors end at data byte {last}, the file holds {file_size - 8 - length} data bytes "
+                    "(truncated or extended?)")
     except Exception:  # noqa: BLE001 - a header too broken to point at one tensor: the reason stands alone
         return ""
     return ""
@@ -210,8 +214,18 @@ def _refuse_repeated_names(path: str, header: bytes) -> None:
         raise CheckpointError(f"{path}: header not readable as JSON ({type(e).__name__}: {e})") from e
 
 
-def _nbytes(code: str, shape: tuple) -> int:
-    return math.prod(shape) * PACKED_BITS.get(code, 8 * SAFETENSORS_DTYPES[code].itemsize) // 8
+def _bits(code: str, shape) -> int:
+    return math.prod(shape) * PACKED_BITS.get(code, 8 * SAFETENSORS_DTYPES[code].itemsize)
+
+
+def _header(fd: int, limit: int) -> tuple[int, bytes]:
+    """The header length the file's first 8 bytes give (-1 if it has fewer) and up to ``limit``
+    bytes of the header after them."""
+    length = np.zeros(1, "<u8")
+    if _pread(fd, length, 0) != 8:
+        return -1, b""
+    header = bytearray(min(int(length[0]), limit))
+    return int(length[0]), bytes(header[:_pread(fd, header, 8)])
 
 
 def _decode(path: str, name: str, code: str, shape: tuple, raw: np.ndarray) -> np.ndarray:
@@ -239,13 +253,12 @@ def read_safetensors(path) -> dict[str, np.ndarray]:
             if code not in SAFETENSORS_DTYPES:
                 raise CheckpointError(f"{path}: tensor {name!r} has dtype {code}, which safetensors "
                                       f"{safetensors.__version__} knows and jax_gpuext does not map to a NumPy dtype")
-        sizes = [_nbytes(code, shape) for _, code, shape in entries]
+        sizes = [_bits(code, shape) // 8 for _, code, shape in entries]
         start = st.st_size - sum(sizes)  # safetensors checked that the tensors end the file, gapless
-        prefix = np.zeros(1, "<u8")
-        header = bytearray(max(start - 8, 0))
-        if _pread(fd, prefix, 0) != 8 or int(prefix[0]) != start - 8 or _pread(fd, header, 8) != len(header):
+        length, header = _header(fd, max(start - 8, 0))
+        if length != start - 8 or len(header) != length:  # (then safetensors saw other bytes than we do)
             raise CheckpointError(f"{path}: the file changed while it was being read")
-        _refuse_repeated_names(path, bytes(header))
+        _refuse_repeated_names(path, header)
         out = {}
         for (name, code, shape), size in zip(entries, sizes):
             raw = np.empty(size, np.uint8)
@@ -272,7 +285,10 @@ def _tensor_spec(path: str, name, value, keep: list):
     if name == _RESERVED_NAME:
         raise CheckpointError(f"{path}: a tensor cannot be named {_RESERVED_NAME!r}: safetensors reads that key "
                               "as the file's metadata, so the tensor would be lost")
-    a = np.asarray(value)
+    try:
+        a = np.asarray(value)
+    except Exception as e:  # noqa: BLE001 - NumPy's refusal (a ragged list, ...), named
+        raise CheckpointError(f"{path}: tensor {name!r} is not an array: {type(e).__name__}: {e}") from e
     if not a.dtype.isnative:
         a = a.astype(a.dtype.newbyteorder("="))
     code = _CODE_OF.get(a.dtype)

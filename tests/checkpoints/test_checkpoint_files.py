@@ -112,6 +112,8 @@ MALFORMED = {  # what used to leak -> a CheckpointError naming the file and safe
     "shape_past_u64": (sf.build({"t": entry("F32", [2**64, 4], [0, 16])}, bytes(16)), "expected usize"),
     "negative_dim": (sf.build({"t": entry("F32", [-1], [0, 4])}, DATA4), "expected usize"),
     "unknown_dtype": (sf.build({"t": entry("F128", [1], [0, 4])}, DATA4), "unknown variant `F128`"),
+    "data_short": (sf.build({"t": entry("F32", [4], [0, 16])}, bytes(12)), "not fully covered",
+                   "tensors end at data byte 16, the file holds 12"),  # the reader sliced past the end
     "too_short": (b"\x01\x00", "header too small"),
     "empty": (b"", "header too small"),
 }
@@ -319,6 +321,8 @@ def test_writer_refusals_name_the_tensor(tmp_path):
         ck.write_safetensors(path, {"w": np.zeros(2, np.complex128)})
     with refused(path, "str -> str", "'step': 1"):
         ck.write_safetensors(path, {"w": np.zeros(2)}, metadata={"step": 1})
+    with refused(path, "'w' is not an array"):
+        ck.write_safetensors(path, {"w": [[1, 2], [3]]})
     with refused(path, "names are str", "int 3"):
         ck.write_safetensors(path, {3: np.zeros(2)})
     assert not path.exists()
