@@ -18,8 +18,8 @@ A checkpoint comes from the internet, so its container is a security boundary. W
   must match the member's size before anything is allocated; pickles are never loaded.
 
 Every refusal is a ``CheckpointError`` (a ``ValueError``) whose message names the file, the tensor
-where one is involved, and the reason. A path that is not a str / os.PathLike is a ``TypeError``;
-a file that cannot be opened is the ``OSError`` of ``open``.
+where one is involved, and the reason. A path that is not a str / bytes / os.PathLike is a
+``TypeError``; a file that cannot be opened is the ``OSError`` of ``open``.
 """
 
 from __future__ import annotations
@@ -162,8 +162,13 @@ def _validated_index(path: str, fd: int, st):
         if "`" not in reason:  # its message names no tensor
             reason += _culprit(fd)
         raise CheckpointError(f"{path}: not a valid safetensors file: {reason}") from e
-    if source == path and not _same_file(st, os.stat(path)):
-        raise CheckpointError(f"{path}: the file was replaced while it was being read")
+    if source == path:
+        try:
+            replaced = not _same_file(st, os.stat(path))
+        except OSError:
+            replaced = True
+        if replaced:
+            raise CheckpointError(f"{path}: the file was replaced while it was being read")
     return entries, metadata
 
 
