@@ -27,7 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_gpuext as gx
-from jax_gpuext import formats, gates
+from jax_gpuext import formats
+from jax_gpuext.common import gates
 from jax_gpuext.ragged_dot import cublaslt, hopper
 from jax_gpuext.ragged_dot.common import RaggedProblem
 

@@ -1,5 +1,5 @@
 """A float64 NumPy model of ragged_dot (ragged_m) and the operands the GPU backend tests share
-(tests/test_ragged_dot_cublaslt.py, tests/test_ragged_dot_hopper.py): groups of lhs rows, one
+(tests/ragged_dot/test_ragged_dot_cublaslt.py, tests/ragged_dot/test_ragged_dot_hopper.py): groups of lhs rows, one
 weight matrix each, rows past the groups zero, written here independently of jax_gpuext."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ all groups. ``group_sizes`` never leaves the device: kernels on the stream turn 
 per-group pointers and shapes cuBLASLt reads (``csrc/ragged_dot/grouped_layout.h``), so a call
 launches the same work every time and XLA may capture it in a CUDA graph.
 
-Layout. As in the dense backend (``dot_cublaslt``), cuBLAS's A is our rhs and its B our lhs,
+Layout. As in the dense backend (``jax_gpuext.dot.cublaslt``), cuBLAS's A is our rhs and its B our lhs,
 both K-contiguous ("TN", the only FP8 layout): per group ``out_g^T (N x rows) = rhs_g (op T) .
 lhs_g (op N)``. Weights stored (G, N, K) go in as they are; (G, K, N), ``lax.ragged_dot``'s
 order, are transposed by XLA on every call (a full copy of the weights: store them (G, N, K)).
@@ -28,9 +28,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_gpuext import _ext, _ffi, _libs, backends, formats, gates
-from jax_gpuext import dot_cublaslt as _dense_layouts
-from jax_gpuext.gates import GateResult
+from jax_gpuext import formats
+from jax_gpuext.common import backends, gates
+from jax_gpuext.common import extension as _ext
+from jax_gpuext.common import ffi as _ffi
+from jax_gpuext.common import libs as _libs
+from jax_gpuext.common.gates import GateResult
+from jax_gpuext.dot import cublaslt as _dense_layouts
 from jax_gpuext.ragged_dot import fp8_cuda
 from jax_gpuext.ragged_dot.common import RaggedProblem
 

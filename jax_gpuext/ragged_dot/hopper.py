@@ -17,9 +17,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jax_gpuext import _ffi, backends, formats
-from jax_gpuext.gates import GateResult
-from jax_gpuext.hopper_mx import built_for_sm90a
+from jax_gpuext import formats
+from jax_gpuext.common import backends
+from jax_gpuext.common import ffi as _ffi
+from jax_gpuext.common.gates import GateResult
+from jax_gpuext.dot.hopper_mx import built_for_sm90a
 from jax_gpuext.ragged_dot import fp8_cuda
 from jax_gpuext.ragged_dot.common import RaggedProblem
 
