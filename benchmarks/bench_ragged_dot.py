@@ -19,6 +19,7 @@ an advantage a traced ragged_dot does not have, so it bounds what launching per 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -88,24 +89,18 @@ def bench_case(layer, rows_per_expert, kind, g=EXPERTS, skip=()):
     lhs = gx.quantize(x, gx.FP8_1x128)
     rhs = gx.quantize(w, gx.FP8_128x128)
     p = RaggedProblem("ragged_m", m, k, n, g, gx.FP8_1x128, gx.FP8_128x128, jnp.bfloat16, rhs_contract=2)
-    ok = cublaslt.supports(p)
-    if "cublaslt" in skip:
-        row["cublaslt_error"] = "not timed (--skip-backends)"
-    elif not ok.supported or not gates.check_all(cublaslt.GATES).supported:
-        row["cublaslt_error"] = (ok.reason if not ok.supported else gates.check_all(cublaslt.GATES).reason)[:300]
-    else:
-        for align in cublaslt.ROW_ALIGNS:
-            f = jax.jit(lambda a, b, s, align=align: cublaslt.impl(a, b, s, p, row_align=align))
-            row[f"cublaslt_row_align{align}"] = flops / _time(f, lhs, rhs, gs, iters=10) / 1e12
-
-    ok = hopper.supports(p)
-    if "hopper" in skip:
-        row["hopper_error"] = "not timed (--skip-backends)"
-    elif not ok.supported or not gates.check_all(hopper.GATES).supported:
-        row["hopper_error"] = (ok.reason if not ok.supported else gates.check_all(hopper.GATES).reason)[:300]
-    else:
-        f = jax.jit(lambda a, b, s: hopper.impl(a, b, s, p))
-        row["hopper"] = flops / _time(f, lhs, rhs, gs, iters=10) / 1e12
+    variants = {"cublaslt": {f"cublaslt_row_align{a}": functools.partial(cublaslt.impl, p=p, row_align=a)
+                             for a in cublaslt.ROW_ALIGNS},
+                "hopper": {"hopper": functools.partial(hopper.impl, p=p)}}
+    for name, module in (("cublaslt", cublaslt), ("hopper", hopper)):
+        # the gates first: they name a missing library version before supports() asks cuBLASLt
+        why = ("not timed (--skip-backends)" if name in skip else
+               next((r.reason for r in (gates.check_all(module.GATES), module.supports(p)) if not r.supported), None))
+        if why is not None:
+            row[f"{name}_error"] = why[:300]
+            continue
+        for column, fn in variants[name].items():
+            row[column] = flops / _time(jax.jit(fn), lhs, rhs, gs, iters=10) / 1e12
 
     starts = np.concatenate([[0], np.cumsum(sizes)])
 
