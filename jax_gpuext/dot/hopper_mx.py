@@ -59,14 +59,15 @@ _MAX_DIM = 2**31 - 1
 
 
 # --------------------------------------------------------------------------- supports
-def built_for_sm90a() -> GateResult:
+def built_for_sm90a(kernel: str = "the hopper_mx kernel") -> GateResult:
+    """Whether _cuda holds our sm_90a kernels (hopper_mx's object library: also ragged_dot's)."""
     info = _ext.build_info("cuda")
     if info is None:
         return GateResult(False, "no CUDA extension")
     archs = str(info.get("architectures", ""))
     ok = any(a.strip().startswith("90a") for a in archs.split(","))
     return GateResult(ok, f"CUDA extension built for {archs}: {'has' if ok else 'no'} sm_90a "
-                          f"(the hopper_mx kernel needs 90a-real in JAX_GPUEXT_CUDA_ARCHITECTURES)")
+                          f"({kernel} needs 90a-real in JAX_GPUEXT_CUDA_ARCHITECTURES)")
 
 
 def supports(p) -> GateResult:

@@ -4,7 +4,9 @@ nothing but ``import jax_gpuext`` (and fails there without it: the test can fail
 
 from __future__ import annotations
 
+import importlib
 import pathlib
+import pkgutil
 import re
 import subprocess
 import sys
@@ -27,6 +29,10 @@ def _check_names(checks) -> set[str]:
 
 
 def test_disabled_checks_name_every_target_the_sources_register():
+    # Every module that may emit a target, imported (the package root imports each op's; this
+    # also reaches backends of ops not yet public), has declared it.
+    for m in pkgutil.walk_packages(gx.__path__, "jax_gpuext."):
+        importlib.import_module(m.name)
     checks = gx.export_disabled_checks()
     assert all(isinstance(c, jax.export.DisabledSafetyCheck) for c in checks)
     names = _check_names(checks)
@@ -35,7 +41,8 @@ def test_disabled_checks_name_every_target_the_sources_register():
         in_sources |= set(re.findall(r'GPUEXT_REGISTER_FFI_(?:TARGET|STAGE)\("(\w+)"', path.read_text()))
     assert in_sources and names == in_sources
     assert set(_ext.module("cpu").registrations()) <= names
-    assert set(_ext.TARGETS.values()) == {"quantize", "dequantize", "block_scaled_dot", "place", "all_reduce"}
+    assert set(_ext.TARGETS.values()) == {"quantize", "dequantize", "block_scaled_dot", "place",
+                                         "all_reduce", "ragged_dot"}
 
 
 def _program():

@@ -242,7 +242,10 @@ def test_every_backend_running_our_gpu_code_is_in_the_table():
     """A new CUDA backend must be classified: our GPU code (verified.BACKENDS) or XLA's own."""
     cuda = {(op, b.name) for op in backends.ops() if not op.startswith("test")  # ops other tests register
             for b in backends.backends(op) if "cuda" in b.platforms}
-    assert cuda == set(verified.BACKENDS) | XLA_NATIVE
+    # A backend module may land before the op that registers it (ragged_dot's cublaslt, issue 30):
+    # entries of ops nobody registered yet are left out of the comparison, not out of the table.
+    table = {key for key in verified.BACKENDS if key[0] in backends.ops()}
+    assert cuda == table | XLA_NATIVE
     for components in verified.BACKENDS.values():
         assert set(components) <= set(verified.COMPONENTS)
 
