@@ -58,7 +58,9 @@ def _program():
 
 
 def _run(code: str):
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300)
+    # -P: the installed package, not a source tree in the working directory (no compiled modules)
+    return subprocess.run([sys.executable, "-P", "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=300)
 
 
 def test_exported_program_runs_in_a_fresh_process_after_import(tmp_path):
@@ -109,3 +111,30 @@ def test_registration_failure_is_recorded_not_raised(monkeypatch):
         monkeypatch.undo()
         gates.clear_cache()
     assert gates.check("cpu_extension").supported
+
+
+def test_exported_all_reduce_runs_in_a_fresh_process_after_import(tmp_path):
+    """The CPU protocol handler (gpuext_all_reduce) under shard_map over 4 host devices (conftest
+    gives this process 8, and the child inherits XLA_FLAGS)."""
+    from jax.sharding import Mesh, PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()[:4]), ("d",))
+    f = jax.jit(jax.shard_map(lambda v: gx.all_reduce(v, "d", algorithm="one_shot"), mesh=mesh,
+                              in_specs=P("d"), out_specs=P("d"), check_vma=False))
+    x = jax.random.normal(jax.random.key(2), (4, 8))
+    exp = jax.export.export(f, disabled_checks=gx.export_disabled_checks())(x)
+    assert "gpuext_all_reduce" in exp.mlir_module()
+    (tmp_path / "f.bin").write_bytes(exp.serialize())
+    np.savez(tmp_path / "io.npz", x=x, y=f(x))
+    ours = _run(f"""
+        import jax_gpuext
+        import jax, numpy as np
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+        exp = jax.export.deserialize(bytearray(open({str(tmp_path / 'f.bin')!r}, 'rb').read()))
+        io = np.load({str(tmp_path / 'io.npz')!r})
+        mesh = Mesh(np.array(jax.devices()[:4]), ("d",))
+        got = jax.jit(exp.call)(jax.device_put(io['x'], NamedSharding(mesh, P("d"))))
+        np.testing.assert_array_equal(np.asarray(got), io['y'])
+        print('ran')
+        """)
+    assert ours.returncode == 0 and "ran" in ours.stdout, ours.stderr[-3000:]
