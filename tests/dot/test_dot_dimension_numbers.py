@@ -22,7 +22,7 @@ from jax import lax
 import _formats_numpy as npref
 import jax_gpuext as gx
 from jax_gpuext.dot import common as dot_common
-from test_block_scaled_dot import assert_close_to_f64, np_block_scaled_dot, np_dequant, rand
+from test_block_scaled_dot import assert_close_to_f64, np_block_scaled_dot
 
 # (lhs shape, rhs shape, dimension numbers): contracting dims whose inner extents are not
 # multiples of 32 make blocks straddle them, so a wrong flattening order changes the result.
@@ -38,6 +38,11 @@ PATTERNS = {
     "all_contracted": ((4, 9), (9, 4), (((0, 1), (1, 0)), ((), ()))),
     "empty_free_dim": ((0, 3, 5), (3, 5, 2), (((1, 2), (0, 1)), ((), ()))),
 }
+
+
+def rand(seed, shape, scale=1.0):
+    """NumPy's generator: jax.random compiles anew for every shape, seconds per case here."""
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape, np.float32) * np.float32(scale))
 
 
 # --------------------------------------------------------------------------- float64 model
@@ -101,9 +106,8 @@ def test_scaled_dot_general_matches_float64_model_forward_and_gradients(name):
     x, w = rand(1, ls, 2.0), rand(2, rs, 0.5)
     want_shape = jax.eval_shape(lambda a, b: lax.dot_general(a, b, dn), x, w).shape
     g = rand(3, want_shape)
-    f = jax.jit(functools.partial(gx.scaled_dot_general, dimension_numbers=dn, preferred_element_type=jnp.float32))
-    y, vjp = jax.vjp(f, x, w)
-    dx, dw = vjp(g)
+    f = functools.partial(gx.scaled_dot_general, dimension_numbers=dn, preferred_element_type=jnp.float32)
+    y, dx, dw = jax.jit(lambda x, w, g: (lambda y, vjp: (y, *vjp(g)))(*jax.vjp(f, x, w)))(x, w, g)  # one compile
     want_y, want_dx, want_dw = np_scaled_dot_general(np.asarray(x), np.asarray(w), dn, np.asarray(g))
     mag = lambda v: np.abs(v).max(initial=0) * 64  # noqa: E731 - K <= 120 terms, each below max|.|
     assert y.shape == want_shape and dx.shape == x.shape and dw.shape == w.shape
@@ -123,6 +127,17 @@ def test_scaled_dot_general_pairs_contracting_dims_as_listed():
     np.testing.assert_array_equal(np.asarray(y), np.asarray(swapped))
     exact = lax.dot_general(x, w, dn, precision=lax.Precision.HIGHEST)
     assert float(jnp.linalg.norm(y - exact) / jnp.linalg.norm(exact)) < 0.08
+
+
+def test_scaled_dot_general_blocks_are_block_scaled_dots_along_the_last_contracting_dim():
+    """Where the innermost contracting dim holds whole blocks, scaled_dot_general's flattened blocks
+    are those of quantizing along it (docs/block_scaled_dot.md): the two ops agree."""
+    x, w = rand(30, (2, 3, 4, 64)), rand(31, (4, 64, 8))
+    dn = (((2, 3), (0, 1)), ((), ()))
+    ours = gx.scaled_dot_general(x, w, dn, preferred_element_type=jnp.float32, backend="reference")
+    by_hand = gx.block_scaled_dot(gx.quantize(x, gx.MXFP8_E4M3, axis=3), gx.quantize(w, gx.MXFP8_E4M3, axis=1), dn,
+                                  backend="reference")
+    np.testing.assert_allclose(np.asarray(ours), np.asarray(by_hand), rtol=1e-6, atol=1e-6)
 
 
 # jax.nn quantizes only whole blocks (K, and M, N for the gradients, multiples of 32) and pairs
@@ -147,10 +162,11 @@ def test_scaled_dot_general_matches_jax_nn_with_several_contracting_dims(name):
     theirs = functools.partial(jax.nn.scaled_dot_general, dimension_numbers=dn, preferred_element_type=jnp.float32,
                                configs=[cfg, cfg, grad_cfg])
     ours = functools.partial(gx.scaled_dot_general, dimension_numbers=dn, preferred_element_type=jnp.float32)
-    (yt, vjp_t), (yo, vjp_o) = jax.vjp(theirs, x, w), jax.vjp(ours, x, w)
+    g = rand(8, jax.eval_shape(theirs, x, w).shape)
+    forward_and_vjp = lambda f: jax.jit(lambda x, w, g: (lambda y, vjp: (y, *vjp(g)))(*jax.vjp(f, x, w)))  # noqa: E731
+    (yt, *grads_t), (yo, *grads_o) = forward_and_vjp(theirs)(x, w, g), forward_and_vjp(ours)(x, w, g)
     np.testing.assert_allclose(np.asarray(yo), np.asarray(yt), rtol=1e-6, atol=1e-6 * float(jnp.abs(yt).max()))
-    g = rand(8, yt.shape)
-    for mine, ref in zip(vjp_o(g), vjp_t(g)):
+    for mine, ref in zip(grads_o, grads_t):
         np.testing.assert_allclose(np.asarray(mine), np.asarray(ref), rtol=1e-5, atol=1e-5 * float(jnp.abs(ref).max()))
 
 
