@@ -55,6 +55,18 @@ def build_parts() -> dict:
         return {}
 
 
+def build_source() -> dict:
+    """The commit the installed build came from (cmake/build_source.cmake): ``{"commit": sha or
+    "unknown", "dirty": bool or None}``; {} for a build without the record."""
+    import json
+    from importlib import resources
+
+    try:
+        return json.loads(resources.files("jax_gpuext").joinpath("build_source.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def missing_part_reason(part: str) -> str | None:
     """"not built: <why>; to get it: <fix>" for a part the build left out, else None."""
     rec = build_parts().get(part)

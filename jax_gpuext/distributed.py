@@ -58,12 +58,80 @@ _lock = threading.RLock()
 _info: NvshmemInfo | None = None
 
 
+# NVSHMEM 3.5.21's release notes, known issues: "The internal layout of RC-connected QPs changed
+# starting in 3.5.19 causing ABI compatibility breakage when enabling IBGDA."
+_IBGDA_LAYOUT_CHANGE = (3, 5, 19)
+_IBGDA_ENV = "NVSHMEM_IB_ENABLE_IBGDA"
+
+
+def _version_text(v) -> str:
+    return ".".join(map(str, v))
+
+
+def version_verdict(built: tuple[int, ...] | None, host: tuple[int, ...] | None,
+                    *, ibgda: bool = False) -> tuple[bool, str]:
+    """Whether device code built against NVSHMEM ``built`` runs with host library ``host``:
+    ``(ok, reason)``. NVSHMEM's rule (3.0 release notes; the host library's own check at init,
+    ``nvshmemi_is_version_compatible``): within one major version a host library runs device
+    libraries of its minor or older; a newer device library may call host functions an older host
+    lacks (a 3.8.0 build does not even import against 3.4.5). One known exception: IBGDA between
+    a build before 3.5.19 and a host from 3.5.19 on."""
+    if built is None:
+        return False, "the build did not record which NVSHMEM _nvshmem was built against"
+    if host is None:
+        return False, "no libnvshmem_host.so.3 was found"
+    b, h = _version_text(built), _version_text(host)
+    if host[0] != built[0]:
+        return False, (f"libnvshmem_host {h} cannot run device code built against NVSHMEM {b}: NVSHMEM keeps "
+                       f"host and device libraries compatible within one major version only (install "
+                       f"nvidia-nvshmem {built[0]}.x, >= {b})")
+    if host[1] < built[1]:
+        return False, (f"libnvshmem_host {h} is older than NVSHMEM {b}, which _nvshmem was built against: a host "
+                       f"library runs device code of its own minor version or older only (install "
+                       f"nvidia-nvshmem >= {b})")
+    if ibgda and tuple(built) < _IBGDA_LAYOUT_CHANGE <= tuple(host):
+        return False, (f"{_IBGDA_ENV} is set and libnvshmem_host {h} changed IBGDA's queue-pair layout in 3.5.19, "
+                       f"after NVSHMEM {b}, which _nvshmem was built against (NVSHMEM 3.5.21 known issues): "
+                       "unset it, or use a host library older than 3.5.19")
+    return True, f"libnvshmem_host {h} runs device code built against NVSHMEM {b} (same major, host minor >= build's)"
+
+
+def build_version() -> tuple[int, ...] | None:
+    """The NVSHMEM version _nvshmem was built against, from the build record (no import needed)."""
+    v = _ext.build_parts().get("nvshmem_allreduce", {}).get("version")
+    return tuple(int(x) for x in v.split(".")) if v else None
+
+
+def versions() -> dict:
+    """Build-time and host NVSHMEM versions and whether they fit (``jax-gpuext info``)."""
+    built, (host, where) = build_version(), _libs.version("nvshmem")
+    ok, reason = version_verdict(built, host, ibgda=_ibgda_enabled())
+    if built is None:  # a build without _nvshmem says why; an older one did not record the version
+        reason = _ext.missing_part_reason("nvshmem_allreduce") or reason
+    elif host is None:
+        reason = where  # where it looked, and what to install
+    return {"built_against": None if built is None else _version_text(built),
+            "host": None if host is None else _version_text(host), "host_where": where,
+            "compatible": ok, "reason": reason}
+
+
+def _ibgda_enabled() -> bool:
+    return os.environ.get(_IBGDA_ENV, "0").strip().lower() not in ("", "0", "false", "no", "n")
+
+
 @functools.cache
 def load_module():
-    """``(jax_gpuext._nvshmem, None)`` or ``(None, why not)``; loads libnvshmem_host first."""
+    """``(jax_gpuext._nvshmem, None)`` or ``(None, why not)``; loads libnvshmem_host first and checks
+    its version against the build's before the import (an incompatible host fails the import with
+    an undefined symbol, or worse, imports and misbehaves)."""
     lib, where = _libs.load("nvshmem")
     if lib is None:
         return None, where
+    built, (host, _) = build_version(), _libs.version("nvshmem")
+    if built is not None:
+        ok, reason = version_verdict(built, host, ibgda=_ibgda_enabled())
+        if not ok:
+            return None, reason
     try:
         mod = importlib.import_module("jax_gpuext._nvshmem")
     except ImportError as e:
@@ -71,12 +139,11 @@ def load_module():
             return None, _ext.missing_part_reason("nvshmem_allreduce") or ("jax_gpuext._nvshmem was not built (NVSHMEM headers not found at build time: "
                           "install nvidia-nvshmem-cu13 in the build environment, JAX_GPUEXT_NVSHMEM=ON)")
         return None, f"jax_gpuext._nvshmem failed to import: {e}"
-    # Our libnvshmem_device.a copy needs a host library of the same major and no older minor.
-    built = tuple(int(v) for v in mod.build_info()["nvshmem_version"].split(".")[:2])
-    have, _ = _libs.version("nvshmem")
-    if have is None or have[0] != built[0] or have[1] < built[1]:
-        return None, (f"libnvshmem_host {have} cannot run device code built against NVSHMEM {built}: "
-                      "needs the same major and a minor >= the build's")
+    if built is None:  # a build from before the record had the version: ask the module
+        built = tuple(int(v) for v in mod.build_info()["nvshmem_version"].split("."))
+        ok, reason = version_verdict(built, host, ibgda=_ibgda_enabled())
+        if not ok:
+            return None, reason
     return mod, None
 
 
