@@ -33,8 +33,8 @@ from scikit_build_core.build import get_requires_for_build_wheel as _skbuild_req
 # Per CUDA major version: part -> requirements. Versions (docs/design.md, same section):
 # - cublas >= 12.9 on cu12: csrc/dot/cublaslt_block_scaled.cc uses the 12.9 blockwise-FP8 scale modes.
 # - nvshmem pinned to the OLDEST version we support, 3.4.5: device code built against NVSHMEM 3.m runs
-#   with any host library 3.n, n >= m (NVSHMEM's own rule, checked by jax_gpuext/distributed.py before
-#   it imports _nvshmem), never with an older one (a 3.8.0 build does not even import against 3.4.5:
+#   with any host library 3.n, n >= m (NVSHMEM's own rule, checked by jax_gpuext/common/nvshmem_version.py
+#   before _nvshmem is imported), never with an older one (a 3.8.0 build does not even import against 3.4.5:
 #   "undefined symbol: nvshmem_selected_device_transport"). torch 2.11 pins nvidia-nvshmem-cu13==3.4.5,
 #   so a newer build would refuse to run next to it. Pinned, not ">=", so the build never drifts up.
 # - cudnn-frontend < 1.29: from 1.29 its wheel requires nvidia-cutlass-dsl, cuda-bindings and more

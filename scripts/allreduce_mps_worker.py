@@ -35,7 +35,7 @@ def main() -> int:
 
     # Every rank drives the one GPU: no auto-detected cluster environment may assign another.
     jax.distributed.initialize(f"localhost:{args.port}", args.nproc, args.rank, local_device_ids=[0])
-    from jax_gpuext import distributed
+    from jax_gpuext.collectives import distributed
 
     try:
         info = distributed.initialize(workspace_bytes=1 << 20)
@@ -72,7 +72,7 @@ def _shard_jit(body, mesh, n_in: int, n_out: int):
 def _compile_and_meet(f, args, barrier: str):
     """Compiles, then waits for every rank: the kernels' deadlines then time the peers' calls,
     not how much longer their compilation took."""
-    from jax_gpuext import distributed
+    from jax_gpuext.collectives import distributed
 
     compiled = f.lower(*args).compile()
     distributed._jax_distributed_client().wait_at_barrier(barrier, 300_000)
@@ -104,11 +104,11 @@ def ops_for(dtype: str) -> tuple[str, ...]:
 
 
 def library_refusal(dtype: str, op: str) -> str | None:
-    """nvshmem_library's own predicate (jax_gpuext.collectives.library_refusal): the refusals this
+    """nvshmem_library's own predicate (jax_gpuext.collectives.all_reduce.library_refusal): the refusals this
     check expects are the library's, never a second list kept here by hand."""
-    from jax_gpuext import collectives
+    from jax_gpuext.collectives.all_reduce import library_refusal as predicate
 
-    return collectives.library_refusal(dtype, op)
+    return predicate(dtype, op)
 
 
 def expected_cases() -> int:

@@ -9,7 +9,7 @@
 # --install wheel (default): `pip install --no-index --no-deps --target $GPU_RUN_SITE` of the
 #   wheel in .whl/ (scripts/gpu_wheel.sh, built on a CPU machine beforehand); nothing is compiled here.
 #   build: the old in-place build (sm_90a; 2-3 minutes, so give it a larger budget); installed: the
-#   jax_gpuext already importable (the CPU dry run of tests/test_results_script.py).
+#   jax_gpuext already importable (the CPU dry run of tests/common/test_results_script.py).
 # --only: run just these steps of the part (a rerun after a fix).
 #
 # Every step runs under `timeout`, bounded by its own limit and by what is left of the budget less
@@ -77,7 +77,7 @@ REPO=$PWD
 export GPU_RUN_PART=$PART GPU_RUN_STAMP=${GPU_RUN_STAMP:-$(date -u +%Y-%m-%d-%H%M)} MPS_TMP_ROOT=$WORK/mps
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_GPUEXT_REQUIRE_GPU=1
 # The tests must exercise every GPU backend, verified or not: `auto` takes unverified ones here
-# (jax_gpuext/verified.py). The junit files record which backend each test verifies, and the
+# (jax_gpuext/common/verified.py). The junit files record which backend each test verifies, and the
 # results carry the build's source fingerprints; scripts/update_verified.py turns them into the record.
 export JAX_GPUEXT_ALLOW_UNVERIFIED=1
 if [ "$INSTALL" = wheel ]; then
@@ -158,7 +158,7 @@ step_install() {
 step_info() {  # one process for the table and the JSON the results are built from
   (cd / && "$PY" -P -c '
 import json, sys
-from jax_gpuext.capabilities import capabilities, format_table
+from jax_gpuext.common.capabilities import capabilities, format_table
 report = capabilities()
 json.dump(report, open(sys.argv[1], "w"), indent=2)
 print(format_table(report))' "$WORK/info.json") | tee "$WORK/info.txt"
@@ -190,7 +190,7 @@ step_mps_test() {  # step_mps_test NPROC MODE BOUND: one all-reduce check under 
   local nproc=$1 mode=$2 bound=$3
   # the test < this step: 25 s for pytest's start (JAX, the GPU) before the test and for stopping
   # it (10 s from SIGTERM to SIGKILL) and writing junit after it; the ranks' bound is the test's
-  # less MPS_MARGIN_S, 25 s (tests/test_allreduce.py): bound 150 gives the ranks 90 s
+  # less MPS_MARGIN_S, 25 s (tests/collectives/test_allreduce.py): bound 150 gives the ranks 90 s
   JAX_GPUEXT_MPS_TEST_TIMEOUT_S=$((bound - KILL_AFTER - 25)) \
     step_pytest "allreduce_${nproc}_$mode" "$REPO/$ALLREDUCE_TESTS::test_gpu_processes_under_mps[$mode-$nproc]"
 }
