@@ -144,7 +144,10 @@ step_install() {
       [ -f "$WHEEL" ] || { echo "no wheel $WHEEL" >&2; return 1; }
       cp "$(dirname "$WHEEL")/wheel.json" "$WORK/wheel.json" 2>/dev/null || echo "(no wheel.json next to $WHEEL)"
       rm -rf "$SITE"
-      "$PY" -m pip install -q --no-index --no-deps --target "$SITE" "$WHEEL" || return 1 ;;
+      # with the runtime dependencies the image may lack (scripts/gpu_wheel.sh puts them in deps/)
+      local deps=("$(dirname "$WHEEL")"/deps/*.whl)
+      [ -e "${deps[0]}" ] || deps=()
+      "$PY" -m pip install -q --no-index --no-deps --target "$SITE" "$WHEEL" "${deps[@]}" || return 1 ;;
     build)
       # sm_90a only: the H100 is the target here, and it keeps the build short.
       JAX_GPUEXT_CUDA=ON JAX_GPUEXT_CUDA_ARCHITECTURES="${JAX_GPUEXT_CUDA_ARCHITECTURES:-90a-real}" \

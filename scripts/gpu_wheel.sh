@@ -8,6 +8,12 @@
 #   scripts/gpu_wheel.sh            build into .whl/ (git-ignored; the device tool carries it)
 #   scripts/gpu_wheel.sh --check    exit 1 unless .whl/ holds a wheel built from this tree's package
 #                                   sources (run it before spending device time)
+#   scripts/gpu_wheel.sh --deps     only (re)fetch .whl/deps/ (below)
+#
+# The GPU machine has no network and installs with --no-deps, so .whl/deps/ also holds the wheels of
+# the package's runtime dependencies that the GPU image may lack (every [project] dependency but
+# jax, jaxlib, numpy and ml_dtypes, which the image has in its own CUDA builds and must keep):
+# cp312, manylinux_2_28 or older, so they load on the image's glibc.
 #
 # Writes .whl/jax_gpuext-*.whl, .whl/wheel.json (commit, dirty, size, sha256, build time, the shared
 # libraries and glibc/libstdc++ symbol versions each module needs) and .whl/build.log.
@@ -30,6 +36,7 @@ check() {
   read -r commit dirty wheel < <(python3 -c 'import json,sys; m=json.load(open(sys.argv[1])); print(m["commit"], m["dirty"], m["wheel"])' "$meta")
   [ -f "$OUT/$wheel" ] || die "$meta names $wheel, which is not in $OUT/"
   [ "$(ls "$OUT"/jax_gpuext-*.whl | wc -l)" = 1 ] || die "more than one jax_gpuext wheel in $OUT/"
+  ls "$OUT"/deps/*.whl >/dev/null 2>&1 || die "no runtime dependencies in $OUT/deps/: scripts/gpu_wheel.sh --deps"
   [ "$dirty" = False ] || die "$wheel was built from a tree with uncommitted changes: rebuild from a clean tree"
   git cat-file -e "$commit^{commit}" 2>/dev/null || die "$wheel's commit $commit is not in this repository"
   if ! git diff --quiet "$commit" -- "${PACKAGE_INPUTS[@]}" || [ -n "$(git status --porcelain -- "${PACKAGE_INPUTS[@]}")" ]; then
@@ -58,7 +65,26 @@ needs() {
   echo "$needed $glibc ${glibcxx:-none}"
 }
 
+# deps PY: the runtime dependencies' wheels into $OUT/deps (the image keeps its own jax/numpy/ml_dtypes).
+deps() {
+  local reqs
+  reqs=$("$1" -c '
+import re, tomllib
+deps = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]
+keep = ("jax", "jaxlib", "numpy", "ml-dtypes")
+print(" ".join(d for d in deps if re.match(r"[A-Za-z0-9_.-]+", d).group(0).lower().replace("_", "-") not in keep))')
+  rm -rf "$OUT/deps"; mkdir -p "$OUT/deps"
+  [ -n "$reqs" ] || return 0
+  # shellcheck disable=SC2086  # requirements without spaces
+  "$1" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d "$OUT/deps" $reqs 2>&1 | { grep -v "^WARNING: Location" >&2 || true; }
+  [ -n "$(ls "$OUT/deps")" ] || die "could not fetch the runtime dependencies' wheels: $reqs"
+  echo "gpu_wheel: runtime dependencies for the GPU machine: $(cd "$OUT/deps" && ls | paste -sd' ' -)"
+}
+
 [ "${1:-}" = --check ] && { check; exit; }
+[ "${1:-}" = --deps ] && { deps "$(find_python)"; exit; }
 [ $# -eq 0 ] || die "unknown argument $1 (usage: scripts/gpu_wheel.sh [--check])"
 command -v nvcc >/dev/null || die "needs nvcc (every GPU part is compiled here)"
 PY=$(find_python)
@@ -120,6 +146,7 @@ meta = {
 }
 print(json.dumps(meta, indent=2))
 EOF
+deps "$PY"
 echo "gpu_wheel: $OUT/$wheel, $(du -h "$OUT/$wheel" | cut -f1), built in ${seconds} s from $commit"
 cat "$OUT/wheel.json"
 
