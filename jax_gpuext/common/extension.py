@@ -20,6 +20,7 @@ import logging
 import threading
 
 from jax_gpuext.common import libs as _libs
+from jax_gpuext.common import nvshmem_version
 
 logger = logging.getLogger("jax_gpuext")
 
@@ -73,6 +74,18 @@ def build_parts() -> dict:
 
     try:
         return json.loads(resources.files("jax_gpuext").joinpath("build_parts.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def build_source() -> dict:
+    """The commit the installed build came from (cmake/build_source.cmake): ``{"commit": sha or
+    "unknown", "dirty": bool or None}``; {} for a build without the record."""
+    import json
+    from importlib import resources
+
+    try:
+        return json.loads(resources.files("jax_gpuext").joinpath("build_source.json").read_text())
     except (OSError, ValueError):
         return {}
 
@@ -141,15 +154,28 @@ def set_library_path(name: str, path: str | None) -> None:
         mod.set_library_path(name, path or "")
 
 
+def nvshmem_built_against() -> tuple[int, ...] | None:
+    """The NVSHMEM version _nvshmem was built against, from the build record (no import needed)."""
+    v = build_parts().get("nvshmem_allreduce", {}).get("version")
+    return tuple(int(x) for x in v.split(".")) if v else None
+
+
 @functools.cache
 def load_nvshmem():
-    """``(jax_gpuext._nvshmem, None)`` or ``(None, why not)``; loads libnvshmem_host first.
+    """``(jax_gpuext._nvshmem, None)`` or ``(None, why not)``; loads libnvshmem_host first and checks
+    its version against the one the build recorded *before* the import (``nvshmem_version``): an
+    incompatible host fails the import with an undefined symbol at best.
 
     Only the all-reduce bootstrap (``jax_gpuext.distributed``) and the ``nvshmem_allreduce_module``
     gate call it, so ``import jax_gpuext`` never needs libnvshmem_host."""
     lib, where = _libs.load("nvshmem")
     if lib is None:
         return None, where
+    built = nvshmem_built_against()
+    if built is not None:
+        ok, reason = nvshmem_version.check(built)
+        if not ok:
+            return None, reason
     try:
         mod = importlib.import_module("jax_gpuext._nvshmem")
     except ImportError as e:
@@ -157,10 +183,8 @@ def load_nvshmem():
             return None, missing_part_reason("nvshmem_allreduce") or ("jax_gpuext._nvshmem was not built (NVSHMEM headers not found at build time: "
                           "install nvidia-nvshmem-cu13 in the build environment, JAX_GPUEXT_NVSHMEM=ON)")
         return None, f"jax_gpuext._nvshmem failed to import: {e}"
-    # Our libnvshmem_device.a copy needs a host library of the same major and no older minor.
-    built = tuple(int(v) for v in mod.build_info()["nvshmem_version"].split(".")[:2])
-    have, _ = _libs.version("nvshmem")
-    if have is None or have[0] != built[0] or have[1] < built[1]:
-        return None, (f"libnvshmem_host {have} cannot run device code built against NVSHMEM {built}: "
-                      "needs the same major and a minor >= the build's")
+    if built is None:  # a build from before the record had the version: ask the module
+        ok, reason = nvshmem_version.check(tuple(int(v) for v in mod.build_info()["nvshmem_version"].split(".")))
+        if not ok:
+            return None, reason
     return mod, None
