@@ -28,6 +28,7 @@ from jax_gpuext.formats import (
     to_blackwell_scale_layout,
 )
 from jax_gpuext.memory import MemorySpace, place
+from jax_gpuext.ragged_dot import GroupedBlockScaledArray, quantize_grouped, ragged_dot, scaled_ragged_dot
 
 __version__ = "0.1.0"
 
@@ -45,6 +46,7 @@ __all__ = [
     "FP8_128x128",
     "FP8_TENSOR",
     "FP8_1x128",
+    "GroupedBlockScaledArray",
     "from_blackwell_scale_layout",
     "gates",
     "MemorySpace",
@@ -54,7 +56,10 @@ __all__ = [
     "NVFP4",
     "place",
     "quantize",
+    "quantize_grouped",
+    "ragged_dot",
     "scaled_dot_general",
+    "scaled_ragged_dot",
     "Selection",
     "to_blackwell_scale_layout",
     "UnsupportedError",
