@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import export as jax_export  # a submodule jax 0.7 does not import by itself
 
 import _ragged_numpy as rnp
 import jax_gpuext as gx
@@ -68,6 +69,7 @@ def loss(x, w, sizes):
     return jnp.sum(jnp.square(gx.scaled_ragged_dot(x, w, sizes, preferred_element_type=jnp.float32)))
 
 
+@pytest.mark.slow
 def test_remat_vmap_of_grad_and_bf16():
     x, w, sizes = rand(4, (M, K)), rand(5, (G, K, N), 0.3), jnp.asarray(SIZES)
     grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
@@ -92,8 +94,8 @@ def _exported():
     step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
     text = step.lower(x, w, sizes).as_text()
     targets = sorted(set(re.findall(r"custom_call @(gpuext_\w+)", text)))
-    checks = [jax.export.DisabledSafetyCheck.custom_call(t) for t in targets]
-    return jax.export.export(step, disabled_checks=checks)(x, w, sizes), step(x, w, sizes), (x, w, sizes)
+    checks = [jax_export.DisabledSafetyCheck.custom_call(t) for t in targets]
+    return jax_export.export(step, disabled_checks=checks)(x, w, sizes), step(x, w, sizes), (x, w, sizes)
 
 
 def _same(got, want):
@@ -111,4 +113,4 @@ def test_export():
 def test_export_serialized_round_trip():
     pytest.importorskip("flatbuffers", reason="jax.export serialization needs flatbuffers")
     exported, want, args = _exported()
-    _same(jax.export.deserialize(exported.serialize()).call(*args), want)
+    _same(jax_export.deserialize(exported.serialize()).call(*args), want)

@@ -7,7 +7,7 @@
 - ``quantize_grouped`` / ``dequantize_grouped`` (module ``ragged_dot.grouped``): quantization along
   a ragged axis with blocks restarting at each group, giving a ``GroupedBlockScaledArray``.
 - ``common``: what the op and its backends share (``RaggedProblem``, validation, the device-side
-  group arithmetic, ``RAGGED_M`` / ``RAGGED_CONTRACT`` dimension numbers).
+  group arithmetic, ``RAGGED_M`` / ``RAGGED_M_NK`` / ``RAGGED_CONTRACT`` dimension numbers).
 - Backends: ``reference`` (the definition), ``xla`` (XLA's own ragged dot), and the CUDA backend
   ``cublaslt`` where its module is in the tree.
 
@@ -25,6 +25,7 @@ from jax_gpuext.ragged_dot.common import (
     OP,
     RAGGED_CONTRACT,
     RAGGED_M,
+    RAGGED_M_NK,
     GroupedBlockScaledArray,
     RaggedProblem,
     grouped_block_count,
@@ -37,6 +38,7 @@ __all__ = [
     "OP",
     "RAGGED_CONTRACT",
     "RAGGED_M",
+    "RAGGED_M_NK",
     "GroupedBlockScaledArray",
     "RaggedProblem",
     "dequantize_grouped",

@@ -40,6 +40,9 @@ FAMILIES = ("mx", "nvfp4", "fp8_block")
 # The two modes as lax.RaggedDotDimensionNumbers (the API's way to choose the mode: docs/design.md).
 RAGGED_M = lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(([1], [1]), ([], [])),
                                          lhs_ragged_dimensions=[0], rhs_group_dimensions=[0])
+# ragged_m with the weights stored (G, N, K), as checkpoints hold them (gpt-oss, DeepSeek-V3)
+RAGGED_M_NK = lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(([1], [2]), ([], [])),
+                                            lhs_ragged_dimensions=[0], rhs_group_dimensions=[0])
 RAGGED_CONTRACT = lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(([1], [0]), ([], [])),
                                                 lhs_ragged_dimensions=[1], rhs_group_dimensions=[])
 
@@ -106,10 +109,18 @@ def effective_group_sizes(group_sizes, m: int) -> jax.Array:
     return ends - jnp.concatenate([jnp.zeros(ends.shape[:-1] + (1,), jnp.int32), ends[..., :-1]], axis=-1)
 
 
+def _count_at_or_below(sorted_ends, queries) -> jax.Array:
+    """For each query, how many of ``sorted_ends`` are <= it (searchsorted, side "right"), as one
+    broadcast comparison: jnp.searchsorted (its binary-search loop, and its compare_all method)
+    mixes the ends, which vary per device under shard_map, with queries that do not, which jax
+    0.7 refuses ("requires varying manual axes to match"); jnp's comparison broadcasts them.
+    O(len(queries) x (G + 1)) comparisons, which the shapes here keep small."""
+    return jnp.sum(queries[:, None] >= sorted_ends[None, :], axis=1, dtype=jnp.int32)
+
+
 def row_groups(group_sizes, m: int) -> jax.Array:
     """(m,) int32 group of each row; G for the rows past the last group."""
-    ends = group_ends(group_sizes, m)
-    return jnp.searchsorted(ends, jnp.arange(m, dtype=jnp.int32), side="right").astype(jnp.int32)
+    return _count_at_or_below(group_ends(group_sizes, m), jnp.arange(m, dtype=jnp.int32))
 
 
 def grouped_block_count(m: int, groups: int, block: int) -> int:
@@ -149,7 +160,7 @@ def grouped_layout(group_sizes, m: int, block: int) -> GroupedLayout:
 def row_blocks(layout: GroupedLayout) -> tuple[jax.Array, jax.Array]:
     """(block index, position within the block) of each row along the ragged axis, (m,) each."""
     rows = jnp.arange(layout.m, dtype=jnp.int32)
-    seg = jnp.searchsorted(layout.row_start[1:], rows, side="right").astype(jnp.int32)
+    seg = _count_at_or_below(layout.row_start[1:], rows)
     local = rows - layout.row_start[seg]
     return layout.block_start[seg] + local // layout.block, local % layout.block
 
@@ -160,7 +171,7 @@ def slot_rows(layout: GroupedLayout, nblocks: int) -> tuple[jax.Array, jax.Array
     b = layout.block
     slots = jnp.arange(nblocks * b, dtype=jnp.int32)
     blk, pos = slots // b, slots % b
-    seg = jnp.searchsorted(layout.block_end, blk, side="right").astype(jnp.int32)
+    seg = _count_at_or_below(layout.block_end, blk)
     used = seg < layout.size.shape[0]
     seg = jnp.minimum(seg, layout.size.shape[0] - 1)
     local = (blk - layout.block_start[seg]) * b + pos
@@ -313,7 +324,7 @@ def check_group_sizes(group_sizes, what: str):
 def _dims(dn, what: str):
     if not isinstance(dn, lax.RaggedDotDimensionNumbers):
         raise TypeError(f"{what}: ragged_dot_dimension_numbers must be a jax.lax.RaggedDotDimensionNumbers "
-                        f"(e.g. jax_gpuext.ragged_dot.RAGGED_M / RAGGED_CONTRACT) or None, got {dn!r}")
+                        f"(e.g. jax_gpuext.ragged_dot.RAGGED_M / RAGGED_M_NK / RAGGED_CONTRACT) or None, got {dn!r}")
     (lc, rc), (lb, rb) = dn.dot_dimension_numbers
     ragged, group = tuple(dn.lhs_ragged_dimensions), tuple(dn.rhs_group_dimensions)
     if lb or rb:

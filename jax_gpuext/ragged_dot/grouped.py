@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from jax_gpuext import formats
 from jax_gpuext.ragged_dot import common
@@ -27,6 +28,25 @@ def _along(mask, axis: int, ndim: int):
     shape = [1] * ndim
     shape[axis] = -1
     return mask.reshape(shape)
+
+
+_FP4 = jnp.dtype(jnp.float4_e2m1fn)
+
+
+def _take(x, rows, valid, axis: int):
+    """x's rows ``rows`` along ``axis`` where ``valid``, zero elsewhere.
+
+    float4 is moved as float32 (every E2M1 value is exact in float32, both ways) and converted
+    back only after an optimization barrier, so no XLA gather or select ever produces 4-bit
+    elements: jaxlib 0.7's CPU compiler miscompiles such fusions (a jitted ``jnp.take(v,
+    idx).astype(float4_e2m1fn)`` returned with a second output corrupts the heap, without any
+    jax_gpuext code involved; a uint4 carrier fails LLVM verification), newer jaxlibs do not.
+    An elementwise conversion of a materialized float32 array is safe there."""
+    mask = _along(valid, axis, x.ndim)
+    if jnp.dtype(x.dtype) == _FP4:
+        wide = jnp.where(mask, jnp.take(x.astype(jnp.float32), rows, axis=axis), jnp.float32(0))
+        return lax.optimization_barrier(wide).astype(_FP4)
+    return jnp.where(mask, jnp.take(x, rows, axis=axis), jnp.zeros((), x.dtype))
 
 
 def _axis(axis, ndim: int, shape, what: str) -> int:
@@ -57,13 +77,13 @@ def quantize_grouped(x, fmt, group_sizes, *, axis: int = -1, scale_rounding: str
     nblocks = common.grouped_block_count(m, g, b)
     layout = common.grouped_layout(group_sizes, m, b)
     rows, valid = common.slot_rows(layout, nblocks)
-    padded = jnp.where(_along(valid, ax, x.ndim), jnp.take(x, rows, axis=ax), jnp.zeros((), x.dtype))
+    padded = _take(x, rows, valid, ax)
     # NVFP4's default global scale, amax / (6 * 448), comes out the same from `padded`: it holds
     # every element of x once, plus zeros.
     q = formats.quantize(padded, fmt, axis=ax, scale_rounding=scale_rounding, global_scale=global_scale,
                          backend=backend)
     block, pos = common.row_blocks(layout)
-    data = jnp.take(q.data, block * b + pos, axis=ax)
+    data = _take(q.data, block * b + pos, jnp.ones((m,), bool), ax)
     return common.GroupedBlockScaledArray(data, q.scale, q.global_scale, fmt, ax, g)
 
 
@@ -82,8 +102,7 @@ def dequantize_grouped(q, group_sizes, dtype=jnp.float32, *, backend: str = "aut
     m, b = q.data.shape[ax], q.format.block[0]
     layout = common.grouped_layout(group_sizes, m, b)
     rows, valid = common.slot_rows(layout, q.scale.shape[ax])
-    zero = jnp.zeros((), q.data.dtype)
-    padded = jnp.where(_along(valid, ax, ndim), jnp.take(q.data, rows, axis=ax), zero)
+    padded = _take(q.data, rows, valid, ax)
     values = formats.dequantize(formats.BlockScaledArray(padded, q.scale, q.global_scale, q.format, ax), dtype,
                                 backend=backend)
     block, pos = common.row_blocks(layout)

@@ -35,7 +35,10 @@ def impl(lhs, rhs, group_sizes, p: common.RaggedProblem, sel=None):
             y = lax.dot(a, w[g], precision=HIGHEST, preferred_element_type=jnp.float32)
             return jnp.where((groups == g)[:, None], y, acc)
 
-        acc = lax.fori_loop(0, p.G, group, jnp.zeros((p.M, p.N), jnp.float32))
+        # The carry starts from group 0's rows rather than from constant zeros: under shard_map a
+        # loop carry must be as device-varying as what the body returns.
+        acc = group(0, jnp.zeros((), jnp.float32)) if p.G else jnp.zeros((p.M, p.N), jnp.float32)
+        acc = lax.fori_loop(1, p.G, group, acc) if p.G > 1 else acc
     else:
         a = common.dequantized(lhs, jnp.float32, group_sizes)
         a = a if p.lhs_contract == 1 else a.T  # (K, M)

@@ -21,7 +21,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from jax_gpuext import backends, formats
 from jax_gpuext.dot import recipe
@@ -31,7 +30,7 @@ from jax_gpuext.ragged_dot.ragged_dot import ragged_dot
 
 OP = common.OP
 DEFAULT_FORMAT = (formats.FP8_1x128, formats.FP8_128x128)  # DeepSeek-V3's recipe
-_DGRAD = lax.RaggedDotDimensionNumbers((([1], [2]), ([], [])), [0], [0])  # dy (M, N) x w (G, K, N) over N
+_DGRAD = common.RAGGED_M_NK  # dy (M, N) x w (G, K, N) contracting N: w read as (G, "N", "K")
 
 
 def _quantize(x, fmt, axis):

@@ -1,8 +1,9 @@
 """Backend ``xla`` of ``ragged_dot``: dequantize, then XLA's own ``lax.ragged_dot_general``.
 
-What ``auto`` runs on a GPU until one of our grouped kernels is verified (``verified.py``), and
-where it measured faster than the reference on CPU (``_prefers``). No custom call: on GPU jax
-lowers it to XLA's ``ragged-dot`` instruction (``chlo.ragged_dot``), on CPU to a masked dense dot.
+What ``auto`` runs on a GPU until one of our grouped kernels is verified (``verified.py``); on
+CPU ``auto`` passes it over for the reference, measured faster there (``_prefers``). No custom
+call: on GPU jax lowers it to XLA's ``ragged-dot`` instruction (``chlo.ragged_dot``), on CPU to a
+masked dense dot.
 
 - MX and NVFP4: each operand dequantized to bfloat16 and the ragged dot accumulates in float32,
   exact for the same reason and under the same run-time check as the dense dot's ``xla`` backend
@@ -116,16 +117,23 @@ def impl(lhs, rhs, group_sizes, p: common.RaggedProblem, sel=None):
 
 
 def _prefers(p: common.RaggedProblem) -> GateResult:
-    """On CPU, where auto takes this path is a measurement (benchmarks/bench_ragged_dot_cpu.py,
-    docs/design.md "Grouped block-scaled dot"); filled in below from it."""
-    return GateResult(True, "")
+    """On CPU ``auto`` takes the reference: measured faster there for every format and group split
+    (benchmarks/bench_ragged_dot_cpu.py; docs/design.md "Grouped block-scaled dot (issue 30)").
+    jax lowers lax.ragged_dot on CPU to one dot over all groups with the lhs masked per group, G
+    times the work like the reference's G dots, plus a (G, M, K) select the reference does not
+    have; bf16 operands do not make up for it (XLA:CPU widens them)."""
+    if backends.current_platform() != "cpu":
+        return GateResult(True, "")
+    return GateResult(False, "on CPU the reference is faster (jax's CPU lowering of lax.ragged_dot is a masked dot "
+                             "over all groups; benchmarks/bench_ragged_dot_cpu.py); name backend='xla' to run it")
 
 
 BACKEND = backends.Backend(
     "xla", ("cuda", "cpu"), (),
     "XLA only: operands dequantized (bf16 for MX / NVFP4 where exact, else f32) + lax.ragged_dot_general with f32 "
     "accumulation",
-    takes="every format pair of one family, both modes, any shape", prefers=_prefers)
+    takes="every format pair of one family, both modes, any shape; auto on CPU: never (the reference, measured "
+          "faster there)", prefers=_prefers)
 
 
 def register(register_impl) -> None:
