@@ -57,7 +57,7 @@ def dot_rows(tokens: int, iters: int, time_alternating):
     from jax import lax
 
     import jax_gpuext as gx
-    from jax_gpuext import backends
+    from jax_gpuext.common import backends
     from jax_gpuext.ragged_dot import common
 
     m = tokens * TOP_K
@@ -163,7 +163,7 @@ def main(argv=None) -> int:
 
     jax.config.update("jax_platforms", "cpu")
     try:
-        from jax_gpuext import gates
+        from jax_gpuext.common import gates
     except ImportError as e:
         print(f"bench_ragged_dot_cpu: needs jax_gpuext installed ({e}); refusing to run", file=sys.stderr)
         return 2

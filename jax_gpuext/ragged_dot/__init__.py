@@ -8,13 +8,15 @@
   a ragged axis with blocks restarting at each group, giving a ``GroupedBlockScaledArray``.
 - ``common``: what the op and its backends share (``RaggedProblem``, validation, the device-side
   group arithmetic, ``RAGGED_M`` / ``RAGGED_M_NK`` / ``RAGGED_CONTRACT`` dimension numbers).
-- Backends: ``reference`` (the definition), ``xla`` (XLA's own ragged dot), and the CUDA backend
-  ``cublaslt`` where its module is in the tree.
+- Backends: ``reference`` (the definition), ``xla`` (XLA's own ragged dot), and on CUDA
+  ``cublaslt`` (cuBLASLt's grouped GEMM) and ``hopper`` (our sm_90a kernel), both reading the
+  group sizes on the device, with what they share in ``fp8_cuda.py``.
 
-May import: ``jax_gpuext``'s common plumbing (backends, gates, errors), ``formats`` and the dense
-dot's shared facts (``dot.format_info``, ``dot.recipe``, ``dot_xla``'s exactness bounds). Within
-the package the op owns its table: ``ragged_dot.py`` imports the backends; a backend imports
-``common`` only, never an op module.
+May import: ``jax_gpuext.common``, ``formats`` and ``dot`` (the dense dot's format facts and
+training recipe, its xla backend's bf16 exactness bounds, the dense cuBLASLt backend's scale
+layouts, which are one group's, and hopper_mx's build check). Within the package the op owns its
+table: ``ragged_dot.py`` imports the backends; a backend imports ``common`` (and ``fp8_cuda``),
+never an op module.
 
 Names: ``jax_gpuext.ragged_dot`` (the package's parent attribute) is the function, as
 ``jax_gpuext.dot.block_scaled_dot`` is; import the modules with ``from jax_gpuext.ragged_dot

@@ -30,7 +30,7 @@ import numpy as np
 from jax import lax
 
 from jax_gpuext import formats
-from jax_gpuext.dot import format_info
+from jax_gpuext.dot.common import format_info
 
 OP = "ragged_dot"
 MODES = ("ragged_m", "ragged_contract")

@@ -11,8 +11,10 @@ restart at each group: ``GroupedBlockScaledArray``), float32 accumulation, cast 
 
 Backends, in preference order (``jax_gpuext.explain`` shows which ran and why):
 
-- ``cublaslt`` (issue 30's CUDA half, ``ragged_dot/cublaslt.py``): cuBLASLt's grouped FP8 GEMM
-  on Hopper, group sizes read on the device. Registered below once its module is in the tree.
+- ``cublaslt`` (``cublaslt.py``): cuBLASLt's grouped FP8 blockwise GEMM on Hopper, group sizes
+  read on the device.
+- ``hopper`` (``hopper.py``): our sm_90a grouped FP8 blockwise kernel, group sizes read on the
+  device.
 - ``xla``: dequantize + XLA's own ``lax.ragged_dot_general`` (``xla.py``).
 - ``reference``: dequantize to float32 + one float32 dot per group (``reference.py``).
 
@@ -28,8 +30,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jax_gpuext import backends, formats
-from jax_gpuext.ragged_dot import common, reference, xla
+from jax_gpuext import formats
+from jax_gpuext.common import backends
+from jax_gpuext.ragged_dot import common, cublaslt, hopper, reference, xla
 
 OP = common.OP
 _IMPLS: dict[str, Any] = {}
@@ -42,11 +45,9 @@ def register_impl(name: str, backend: backends.Backend, impl) -> None:
 
 
 def _register_backends() -> None:
-    # ---- registration point of the CUDA backend (branch issue-30b, jax_gpuext/ragged_dot/cublaslt.py):
-    # from jax_gpuext.ragged_dot import cublaslt
-    # cublaslt.register(register_impl)
-    # ----
-    xla.register(register_impl)
+    cublaslt.register(register_impl)  # cuBLASLt's grouped FP8 GEMM (Hopper, cuBLAS with grouped GEMM)
+    hopper.register(register_impl)  # our sm_90a grouped FP8 blockwise kernel
+    xla.register(register_impl)  # XLA's own ragged dot: what auto runs on a GPU until ours are verified
     reference.register(register_impl)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from jax_gpuext import backends
+from jax_gpuext.common import backends
 from jax_gpuext.ragged_dot import common
 
 HIGHEST = lax.Precision.HIGHEST

@@ -22,8 +22,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jax_gpuext import backends, formats
-from jax_gpuext.dot import recipe
+from jax_gpuext import formats
+from jax_gpuext.common import backends
+from jax_gpuext.dot.scaled_dot_general import recipe
 from jax_gpuext.ragged_dot import common
 from jax_gpuext.ragged_dot.grouped import quantize_grouped
 from jax_gpuext.ragged_dot.ragged_dot import ragged_dot

@@ -29,9 +29,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jax_gpuext import backends, dot_xla
-from jax_gpuext.dot import format_info
-from jax_gpuext.gates import GateResult
+from jax_gpuext.common import backends
+from jax_gpuext.common.gates import GateResult
+from jax_gpuext.dot import xla as dot_xla
+from jax_gpuext.dot.common import format_info
 from jax_gpuext.ragged_dot import common
 
 
