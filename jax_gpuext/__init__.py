@@ -6,7 +6,8 @@ missing: those are reported by :func:`capabilities` and the gates in :mod:`jax_g
 It registers every FFI target with XLA, so exported programs that use our ops run after it
 (:func:`export_disabled_checks` gives ``jax.export`` the checks to disable).
 
-One subpackage per capability (``formats``, ``dot``, ``collectives``, ``memory``, ``checkpoints``)
+One subpackage per capability (``formats``, ``dot``, ``ragged_dot``, ``collectives``, ``memory``,
+``checkpoints``)
 and ``common`` for the plumbing they share (docs/design.md, "Where things are"). This module is
 the composition root: it imports every capability, so each op's backends and each capability's
 report section are registered before any submodule can be used. The old flat module names
@@ -41,6 +42,7 @@ from jax_gpuext.formats import (
     to_blackwell_scale_layout,
 )
 from jax_gpuext.memory import MemorySpace, place
+from jax_gpuext.ragged_dot import GroupedBlockScaledArray, quantize_grouped, ragged_dot, scaled_ragged_dot
 
 __version__ = "0.1.0"
 
@@ -59,6 +61,7 @@ __all__ = [
     "FP8_128x128",
     "FP8_TENSOR",
     "FP8_1x128",
+    "GroupedBlockScaledArray",
     "from_blackwell_scale_layout",
     "gates",
     "MemorySpace",
@@ -68,7 +71,10 @@ __all__ = [
     "NVFP4",
     "place",
     "quantize",
+    "quantize_grouped",
+    "ragged_dot",
     "scaled_dot_general",
+    "scaled_ragged_dot",
     "Selection",
     "to_blackwell_scale_layout",
     "UnsupportedError",

@@ -166,7 +166,9 @@ def test_public_api():
     want = ["all_reduce", "Backend", "block_scaled_dot", "BlockFormat", "BlockScaledArray", "capabilities",
             "dequantize", "distributed", "explain", "Explanation", "export_disabled_checks", "FP8_128x128", "FP8_TENSOR", "FP8_1x128",
             "from_blackwell_scale_layout", "gates", "MemorySpace", "MXFP8_E4M3", "MXFP4", "MXFP8_E5M2", "NVFP4",
-            "place", "quantize", "scaled_dot_general", "Selection", "to_blackwell_scale_layout", "UnsupportedError"]
+            "place", "quantize", "scaled_dot_general", "Selection", "to_blackwell_scale_layout", "UnsupportedError",
+            # issue 30: the grouped dot
+            "GroupedBlockScaledArray", "quantize_grouped", "ragged_dot", "scaled_ragged_dot"]
     assert sorted(jax_gpuext.__all__) == sorted(want)
     ns = {}
     exec(f"from jax_gpuext import {', '.join(want)}", ns)  # noqa: S102 - the import users write

@@ -31,7 +31,7 @@ import update_verified  # noqa: E402
 NOT_VERIFIED = "not verified on sm_90 at this source (see benchmarks/results)"
 XLA_NATIVE = {("block_scaled_dot", "xla"), ("block_scaled_dot", "reference"), ("quantize", "reference"),
               ("dequantize", "reference"), ("all_reduce", "xla"), ("all_reduce", "reference"),
-              ("place", "memory_kind"), ("place", "xla")}
+              ("place", "memory_kind"), ("place", "xla"), ("ragged_dot", "xla"), ("ragged_dot", "reference")}
 
 
 # --------------------------------------------------------------------------- a simulated H100
@@ -242,10 +242,7 @@ def test_every_backend_running_our_gpu_code_is_in_the_table():
     """A new CUDA backend must be classified: our GPU code (verified.BACKENDS) or XLA's own."""
     cuda = {(op, b.name) for op in backends.ops() if not op.startswith("test")  # ops other tests register
             for b in backends.backends(op) if "cuda" in b.platforms}
-    # A backend module may land before the op that registers it (ragged_dot's cublaslt, issue 30):
-    # entries of ops nobody registered yet are left out of the comparison, not out of the table.
-    table = {key for key in verified.BACKENDS if key[0] in backends.ops()}
-    assert cuda == table | XLA_NATIVE
+    assert cuda == set(verified.BACKENDS) | XLA_NATIVE
     for components in verified.BACKENDS.values():
         assert set(components) <= set(verified.COMPONENTS)
 
