@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import Mesh, PartitionSpec as P  # noqa: E402
 
 import jax_gpuext as gx  # noqa: E402
-from jax_gpuext import _ext  # noqa: E402
+from jax_gpuext.common import extension as _ext  # noqa: E402
 
 HEADER = struct.Struct("<Q")
 
