@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -64,6 +65,41 @@ struct Group {
 };
 
 using GroupKey = std::tuple<int64_t, int64_t, int, int64_t>;  // site, color, n, workspace
+using ClaimKey = std::tuple<int64_t, int64_t, int64_t>;       // site, color, run
+
+// Which device claimed each rank of a group in one execution. In a correct SPMD program every rank
+// is one device, the same one on every call of the execution (a loop calls the same site many
+// times, from the same devices). Two devices with one rank (rank operands that are not distinct
+// lax.axis_index values) otherwise pair up with the other ranks in whatever order the threads run,
+// and each gets a sum of a different subset: sums that change from call to call (issue 26). Timing
+// cannot tell that from a loop; device identity can. Bounded: the oldest executions are forgotten
+// (a duplicate claim comes within its own execution, long before that).
+class ClaimBook {
+ public:
+  static constexpr size_t kMaxEntries = 4096;
+
+  // The device that claimed `rank` earlier in this execution when it is not `device`, else -1.
+  int64_t Claim(const CpuAllReduceArgs& a) {
+    if (a.device < 0) return -1;
+    const ClaimKey key(a.site, a.color, a.run_id);
+    auto it = book_.find(key);
+    if (it == book_.end()) {
+      if (book_.size() >= kMaxEntries) {
+        book_.erase(order_.front());
+        order_.pop_front();
+      }
+      it = book_.emplace(key, std::vector<int64_t>(static_cast<size_t>(a.group_size), -1)).first;
+      order_.push_back(key);
+    }
+    int64_t& owner = it->second[static_cast<size_t>(a.rank)];
+    if (owner < 0) owner = a.device;
+    return owner == a.device ? -1 : owner;
+  }
+
+ private:
+  std::map<ClaimKey, std::vector<int64_t>> book_;
+  std::deque<ClaimKey> order_;
+};
 
 // The groups with a call in flight, and what is left of the groups that failed: their error only
 // (the heap is freed), so that a later call at that site fails at once instead of pairing with the
@@ -77,6 +113,17 @@ class Registry {
     if (auto f = failed_.find(key); f != failed_.end())
       return Status::Error("this all_reduce group failed earlier and its epochs no longer agree "
                            "(re-trace to get a fresh one): " + f->second);
+    if (const int64_t other = claims_.Claim(a); other >= 0) {
+      const std::string msg = "rank " + std::to_string(a.rank) + " of all_reduce group color " +
+                              std::to_string(a.color) + " (group size " + std::to_string(a.group_size) +
+                              ", call site " + std::to_string(a.site) + ") was claimed by devices " +
+                              std::to_string(other) + " and " + std::to_string(a.device) +
+                              " in one execution: the rank and color operands must identify each device of "
+                              "the group once (lax.axis_index)";
+      failed_[key] = msg;  // its peers, waiting now or arriving later, fail too
+      if (auto live = live_.find(key); live != live_.end()) live->second->Fail(msg);
+      return Status::Error(msg);
+    }
     auto it = live_.find(key);
     if (it == live_.end()) {  // (an allocation failure throws here, before the map changes)
       it = live_.emplace(key, std::make_shared<Group>(a.group_size, a.workspace_bytes)).first;
@@ -105,6 +152,7 @@ class Registry {
   std::mutex mu_;
   std::map<GroupKey, std::shared_ptr<Group>> live_;
   std::map<GroupKey, std::string> failed_;
+  ClaimBook claims_;
   int64_t heap_bytes_ = 0;
 };
 
