@@ -323,9 +323,14 @@ def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto", timeou
         backends.note(sel, "axes bound by vmap, if any, are reduced over the batch dimension (as lax.psum "
                            "does); the kernel runs over the device axes that remain")
     cfg = _Config(axes, sizes, op, sel.chosen, timeout, *spaces, bool(strict_spaces))
+    # This device's index over `axes` and its group among the other mesh axes, computed here, where
+    # every axis name is bound: JAX does not bind vmap's axis names inside a custom_jvp rule that it
+    # batches (batch_custom_jvp_subtrace), so the rule below must not need them.
+    rank = lax.axis_index(axes).astype(jnp.int32)
+    color = _group_color(axes)
     if jnp.issubdtype(dtype, jnp.inexact):
-        return _all_reduce_diff(x, cfg)
-    return _all_reduce_impl(x, cfg)
+        return _all_reduce_diff(x, rank, color, cfg)
+    return _all_reduce_impl(x, rank, color, cfg)
 
 
 def _check_timeout(timeout_s) -> float:
@@ -380,22 +385,22 @@ def _axis_size(axes: tuple) -> int:
 
 
 # --------------------------------------------------------------------------- differentiation
-@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
-def _all_reduce_diff(x, cfg: _Config):
-    return _all_reduce_impl(x, cfg)
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
+def _all_reduce_diff(x, rank, color, cfg: _Config):
+    return _all_reduce_impl(x, rank, color, cfg)
 
 
 @_all_reduce_diff.defjvp
 def _all_reduce_jvp(cfg: _Config, primals, tangents):
     # The primal runs our kernel; the tangent uses XLA's collectives, which JAX knows how to
     # transpose, so reverse mode works like psum's (psum transposes to psum).
-    (x,), (t,) = primals, tangents
-    y = _all_reduce_impl(x, cfg)
-    t_out = _like_vma(_all_reduce_tangent(x, y, t, cfg), y)
+    (x, rank, color), (t, _, _) = primals, tangents
+    y = _all_reduce_impl(x, rank, color, cfg)
+    t_out = _like_vma(_all_reduce_tangent(x, y, t, rank, cfg), y)
     return _like_mesh(y, t_out), t_out
 
 
-def _all_reduce_tangent(x, y, t, cfg: _Config):
+def _all_reduce_tangent(x, y, t, rank, cfg: _Config):
     if cfg.op == "sum":
         return lax.psum(t, cfg.axes)
     if cfg.op in ("max", "min"):  # like jnp.max: ties share the gradient evenly
@@ -403,8 +408,7 @@ def _all_reduce_tangent(x, y, t, cfg: _Config):
         return lax.psum(t * hit, cfg.axes) / lax.psum(hit, cfg.axes)
     # prod: d(prod_i x_i) = sum_i t_i * prod_{j != i} x_j, without dividing by x_i (zeros)
     gathered = lax.all_gather(x, cfg.axes)
-    me = lax.axis_index(cfg.axes)
-    mask = (jnp.arange(gathered.shape[0]) == me).reshape((-1,) + (1,) * x.ndim)
+    mask = (jnp.arange(gathered.shape[0]) == rank).reshape((-1,) + (1,) * x.ndim)
     others = jnp.prod(jnp.where(mask, jnp.ones_like(gathered), gathered), axis=0)
     return lax.psum(t * others, cfg.axes)
 
@@ -437,12 +441,12 @@ def _like_vma(t, like):
 
 
 # --------------------------------------------------------------------------- implementations
-def _all_reduce_impl(x, cfg: _Config):
+def _all_reduce_impl(x, rank, color, cfg: _Config):
     if cfg.backend in ("xla", backends.REFERENCE):
         return _xla_reduce(x, cfg.axes, cfg.op)
     if x.size == 0:
         return x
-    return _ffi_all_reduce(x, cfg)
+    return _ffi_all_reduce(x, rank, color, cfg)
 
 
 def _xla_reduce(x, axes, op):
@@ -470,13 +474,11 @@ def _signed_zero_sum(x, axes):
     """``lax.psum`` that is -0.0 exactly where every contribution is -0.0, as the kernels' sum
     (IEEE additions starting from the first contribution) is. XLA:CPU starts its all-reduce from
     +0.0 (so it always returned +0.0 there) and skips it for a group of one (which kept -0.0); one
-    more sum of a byte per element, which XLA may combine with the first, makes every backend and
-    every group size agree."""
+    more collective of a byte per element makes every backend and
+    every group size agree (a pmin: it needs no group size, which a batched custom_jvp rule
+    cannot ask for)."""
     total = lax.psum(x, axes)
-    n = _axis_size(axes)
-    count_dtype = jnp.uint8 if n < 256 else jnp.int32  # counts up to n must not wrap
-    negative_zero = ((x == 0) & jnp.signbit(x)).astype(count_dtype)
-    all_negative = lax.psum(negative_zero, axes) == n
+    all_negative = lax.pmin(((x == 0) & jnp.signbit(x)).astype(jnp.uint8), axes) > 0
     return jnp.where(all_negative, jnp.array(-0.0, x.dtype), total)
 
 
@@ -529,13 +531,12 @@ def _group_color(axes: tuple):
     return lax.axis_index(others).astype(jnp.int32)
 
 
-def _ffi_all_reduce(x, cfg: _Config):
+def _ffi_all_reduce(x, rank, color, cfg: _Config):
     platform = backends.current_platform()
     if platform == "cuda":
         from jax_gpuext.collectives import distributed
 
         distributed.ensure_initialized()  # lazy: first use bootstraps NVSHMEM and registers _nvshmem
-    rank = lax.axis_index(cfg.axes).astype(jnp.int32)
     attrs = dict(
         op=np.int32(OPS[cfg.op]),
         algorithm=np.int32(ALGORITHM_CODES[cfg.backend]),
@@ -549,14 +550,13 @@ def _ffi_all_reduce(x, cfg: _Config):
     if cfg.operand_spaces or cfg.result_spaces:
         # The memory-space gate is a trace-time decision (docs/design.md "Memory spaces"); the
         # custom call itself is emitted at lowering time, by _emit.
-        from jax_gpuext import memory
+        from jax_gpuext.memory import spaces as memory
 
         ops, res = (memory._drop_default(dict(sp)) for sp in (cfg.operand_spaces, cfg.result_spaces))
         if not memory._gate_allows(OP, ops, res, cfg.strict_spaces, None):
             cfg = dataclasses.replace(cfg, operand_spaces=(), result_spaces=())
     _ext.ensure_all_registered()
-    return _kernel_primitive().bind(x, rank, _group_color(cfg.axes), cfg=cfg, target=target,
-                                    attrs=tuple(sorted(attrs.items())))
+    return _kernel_primitive().bind(x, rank, color, cfg=cfg, target=target, attrs=tuple(sorted(attrs.items())))
 
 
 # --------------------------------------------------------------------------- the kernel primitive
