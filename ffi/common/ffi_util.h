@@ -16,8 +16,8 @@ inline ffi::Error ToFfiError(const Status& s) {
   return s.ok() ? ffi::Error::Success() : ffi::Error(ffi::ErrorCode::kInternal, s.message());
 }
 
-// The dtype in error messages. A code our headers do not name (float6_e2m3fn is 36 in newer
-// XLA, for one) is printed as its number, so a refusal still says what arrived.
+// The dtype in error messages. A code our headers do not name is printed as its number, so a
+// refusal still says what arrived.
 inline std::string DataTypeName(ffi::DataType t) {
   switch (t) {
     case ffi::DataType::PRED: return "bool";
@@ -51,6 +51,8 @@ inline std::string DataTypeName(ffi::DataType t) {
     case ffi::DataType::F4E2M1FN: return "float4_e2m1fn";
     case ffi::DataType::F8E8M0FNU: return "float8_e8m0fnu";
     case ffi::DataType::TOKEN: return "token";
+    // What XLA passes for a type its FFI cannot name (jaxlib 0.12 does so for float6_e2m3fn).
+    case ffi::DataType::INVALID: return "an element type the XLA FFI does not name (code 0, e.g. float6)";
     default: return "dtype code " + std::to_string(static_cast<int>(t));
   }
 }
@@ -72,9 +74,10 @@ inline int64_t ElementCount(ffi::Span<const int64_t> dims) {
 // 0 for every other one. An explicit list, never ffi::ByteWidth: in the 0.8.0 headers we build
 // against ByteWidth counts one byte per sub-byte element while XLA packs them (4- and 2-bit types
 // two and four per byte; checked on CPU with jaxlib 0.10.2, docs/design.md "Reliability"), and it
-// has no case at all for types added after those headers (float6_e2m3fn / float6_e3m2fn arrive
-// from jaxlib 0.12 as codes 36 / 37): falling off its switch returned garbage, and gpuext_place
-// copied that many bytes (issue 26). 1-bit types are left out: nothing tells us how XLA lays them out.
+// says 0 bytes for a type the FFI cannot name (float6_e2m3fn / float6_e3m2fn arrive from jaxlib
+// 0.12 as INVALID): gpuext_place then copied nothing and returned uninitialised memory (issue 26),
+// and it has no case at all for codes newer than its enum. 1-bit types are left out: nothing tells
+// us how XLA lays them out.
 inline int64_t ElementBits(ffi::DataType t) {
   switch (t) {
     case ffi::DataType::S2: case ffi::DataType::U2: return 2;
