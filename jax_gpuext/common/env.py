@@ -44,7 +44,8 @@ class Variable:
     (one of ``choices``) or "names" (a comma-separated list of identifiers). Numbers lie in
     [``minimum``, ``maximum``]. ``default`` is what :func:`get` returns when the variable is unset
     (``None``: the reader has its own default, described in ``default_text``). ``reader``: the
-    module that uses it; ``scope``: "runtime" (the package) or "tests" (the test suite)."""
+    files that read it, from the repository root (a test checks that each names it); ``scope``:
+    "runtime" (the package) or "tests" (the test suite)."""
 
     name: str
     kind: str
@@ -60,12 +61,10 @@ class Variable:
     def expected(self) -> str:
         """The accepted values, as error messages and the docs say them."""
         if self.kind == "bool":
-            return f"a boolean: one of {', '.join(TRUE_SPELLINGS)} or {', '.join(FALSE_SPELLINGS)} (any case)"
+            return "a boolean: " + "/".join(TRUE_SPELLINGS) + " or " + "/".join(FALSE_SPELLINGS) + " (any case)"
         if self.kind in ("float", "int"):
             what = "an integer" if self.kind == "int" else "a finite number"
-            lo = "" if self.minimum is None else f" >= {_number_text(self.minimum)}"
-            hi = "" if self.maximum is None else f" <= {_number_text(self.maximum)}"
-            return what + (lo + (" and" if lo and hi else "") + hi)
+            return f"{what} in [{self.minimum}, {self.maximum}]"
         if self.kind == "choice":
             return "one of " + ", ".join(repr(c) for c in self.choices)
         if self.kind == "names":
@@ -80,39 +79,41 @@ class Variable:
         return "unset" if self.default is None else str(self.default)
 
 
-def _number_text(v: float) -> str:
-    return str(int(v)) if float(v).is_integer() and abs(v) < 1e15 else repr(float(v))
-
-
 _V = Variable
 VARIABLES: dict[str, Variable] = {v.name: v for v in (
     _V("JAX_GPUEXT_ALLOW_UNVERIFIED", "bool", False,
        "let `auto` choose GPU backends that the verification record (verified.json) does not list for "
-       "this GPU and build", "verified"),
+       "this GPU and build", "jax_gpuext/common/verified.py"),
     _V("JAX_GPUEXT_FORCE_REFERENCE", "names", (),
        "ops whose pure-jnp reference backend runs whatever is asked for (`all` for every op); for bisecting",
-       "backends", default_text="unset (none)"),
+       "jax_gpuext/common/backends.py", default_text="unset (none)"),
     _V("JAX_GPUEXT_ALLREDUCE_TIMEOUT_S", "float", 30.0,
        "seconds an all_reduce waits for its peers before failing with the missing ones named "
-       "(the default of `all_reduce(timeout_s=None)`)", "collectives", minimum=1e-3, maximum=1e6),
+       "(the default of `all_reduce(timeout_s=None)`)", "jax_gpuext/collectives/all_reduce.py",
+       minimum=1e-3, maximum=1e6),
     _V("JAX_GPUEXT_ALLREDUCE_WORKSPACE_BYTES", "int", None,
        "all_reduce workspace per rank: on CPU per call site, on CUDA the symmetric workspace that "
-       "`distributed.initialize` allocates (at least 4096 there)", "collectives, distributed",
+       "`distributed.initialize` allocates (at least 4096 there)",
+       "jax_gpuext/collectives/all_reduce.py, jax_gpuext/collectives/distributed.py",
        minimum=1, maximum=1 << 32, default_text="1048576 on CPU, 33554432 on CUDA"),
     _V("JAX_GPUEXT_ALLREDUCE_ONE_SHOT_MAX_BYTES", "int", None,
-       "largest message for which `auto` picks one_shot over two_shot on CUDA", "collectives",
-       minimum=0, maximum=1 << 62, default_text="the alpha-beta model (docs/allreduce_model.md)"),
+       "largest message for which `auto` picks one_shot over two_shot on CUDA",
+       "jax_gpuext/collectives/all_reduce.py",
+       minimum=0, maximum=1 << 40, default_text="the alpha-beta model (docs/allreduce_model.md)"),
     _V("JAX_GPUEXT_ALLREDUCE_GRAPH_SAFE", "bool", False,
        "lower the CUDA all-reduce to the command-buffer compatible target (timeouts reported by "
-       "`distributed.check_status()`)", "collectives, verified"),
+       "`distributed.check_status()`)",
+       "jax_gpuext/collectives/all_reduce.py, jax_gpuext/common/verified.py, scripts/allreduce_mps_worker.py"),
     _V("JAX_GPUEXT_MEMORY_SHIELD", "bool", True,
        "wrap memory-space annotated calls in optimization barriers (the openxla/xla#47461 workaround); "
-       "0 lowers without them, for bisecting", "memory"),
+       "0 lowers without them, for bisecting", "jax_gpuext/memory/spaces.py"),
     _V("JAX_GPUEXT_NVSHMEM_FINALIZE", "bool", True,
-       "free the NVSHMEM workspace and finalize NVSHMEM at exit (both collective)", "distributed"),
+       "free the NVSHMEM workspace and finalize NVSHMEM at exit (both collective)",
+       "jax_gpuext/collectives/distributed.py"),
     _V("JAX_GPUEXT_HOPPER_MX_AUTOTUNE", "bool", False,
-       "tune hopper_mx tile configurations missing from the cache at trace time", "hopper_mx"),
-    _V("JAX_GPUEXT_CACHE_DIR", "str", None, "directory of the hopper_mx autotune cache", "hopper_mx",
+       "tune hopper_mx tile configurations missing from the cache at trace time", "jax_gpuext/dot/hopper_mx.py"),
+    _V("JAX_GPUEXT_CACHE_DIR", "str", None, "directory of the hopper_mx autotune cache",
+       "jax_gpuext/dot/hopper_mx.py",
        default_text="~/.cache/jax_gpuext"),
     _V("JAX_GPUEXT_REQUIRE_GPU", "bool", False,
        "a test skipped for a closed GPU gate fails instead (the GPU run sets it)", "tests/conftest.py",
@@ -132,18 +133,16 @@ del _V
 # Read by the build (CMakeLists.txt through pyproject.toml's [tool.scikit-build.cmake.define], and
 # build_backend/), never by the installed package: listed for the docs only.
 BUILD: dict[str, str] = {
-    "JAX_GPUEXT_CUDA": "AUTO|ON|OFF: build the CUDA extension (AUTO: where a CUDA compiler is found)",
+    "JAX_GPUEXT_CUDA": "AUTO, ON or OFF: build the CUDA extension (AUTO: where a CUDA compiler is found)",
     "JAX_GPUEXT_CUDA_ARCHITECTURES": "CUDA architectures to build for (e.g. 90a-real); empty: every supported one",
-    "JAX_GPUEXT_NVSHMEM": "AUTO|ON|OFF: build the NVSHMEM all-reduce module `_nvshmem`",
+    "JAX_GPUEXT_NVSHMEM": "AUTO, ON or OFF: build the NVSHMEM all-reduce module `_nvshmem`",
     "JAX_GPUEXT_NVSHMEM_HOME": "NVSHMEM installation to build `_nvshmem` against (empty: the pip wheel)",
     "JAX_GPUEXT_CUBLASLT_INCLUDE_DIR": "directory of cublasLt.h (empty: the CUDA toolkit, then the pip wheels)",
-    "JAX_GPUEXT_CUDNN": "AUTO|ON|OFF: build the cuDNN block-scaled dot",
+    "JAX_GPUEXT_CUDNN": "AUTO, ON or OFF: build the cuDNN block-scaled dot",
     "JAX_GPUEXT_CUDNN_INCLUDE_DIRS": "include directories of cudnn-frontend, cudnn.h and nvrtc.h",
-    "JAX_GPUEXT_FFI_INCLUDE_DIR": "directory holding xla/ffi/api/ffi.h (empty: the build environment's jaxlib)",
     "JAX_GPUEXT_SANITIZE": "-fsanitize= list for the CPU extension (.ci/sanitizers.sh)",
-    "JAX_GPUEXT_CPU_AVX512": "ON|OFF: the AVX-512 clone of the CPU format kernels",
-    "JAX_GPUEXT_CPU_MULTIVERSION": "ON|OFF: CPU kernel clones per ISA level (OFF: the baseline alone)",
-    "JAX_GPUEXT_EXPORTS": "linker version script of the extensions (set by CMake, not by users)",
+    "JAX_GPUEXT_CPU_AVX512": "ON or OFF: the AVX-512 clone of the CPU format kernels",
+    "JAX_GPUEXT_CPU_MULTIVERSION": "ON or OFF: CPU kernel clones per ISA level (OFF: the baseline alone)",
 }
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -205,7 +204,8 @@ def parse(var: Variable, text: str):
 
 
 def markdown_table(scope: str) -> str:
-    """The table of docs/environment.md for ``scope`` ("runtime", "tests" or "build")."""
+    """The table of docs/environment.md for ``scope`` ("runtime", "tests" or "build"); the page holds
+    exactly these (tests/common/test_env.py)."""
     if scope == "build":
         rows = ["| Variable | Meaning |", "|---|---|"]
         rows += [f"| `{n}` | {m} |" for n, m in BUILD.items()]
@@ -216,7 +216,3 @@ def markdown_table(scope: str) -> str:
             rows.append(f"| `{v.name}` | {v.expected()} | {v.describe_default()} | {v.meaning} | {v.reader} |")
     return "\n".join(rows)
 
-
-if __name__ == "__main__":  # python -m jax_gpuext.common.env: the tables of docs/environment.md
-    for section in ("runtime", "tests", "build"):
-        print(f"<!-- {section} -->\n{markdown_table(section)}\n")
