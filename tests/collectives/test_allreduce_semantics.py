@@ -237,6 +237,8 @@ def test_cpu_workspace_lives_only_during_a_call(mesh, monkeypatch):
         state = cpu.allreduce_cpu_state()
         assert state["live_groups"] == 0 and state["heap_bytes"] == 0, state
     grown = _rss_mb() - rss0
+    if "asan" in os.environ.get("LD_PRELOAD", ""):
+        return  # the sanitizer leg: ASan keeps freed memory in quarantine; the counter above still holds
     assert grown < 64, f"RSS grew {grown:.0f} MB over {calls} traced calls (the leak was 8 MiB per call)"
 
 
