@@ -146,8 +146,9 @@ BUILD: dict[str, str] = {
 }
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?\Z")
-_INTEGER = re.compile(r"[+-]?\d+\Z")
+# ASCII digits only: Python's \d and int() also take other scripts' digits ("١" is 1).
+_NUMBER = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?\Z")
+_INTEGER = re.compile(r"[+-]?[0-9]+\Z")
 
 
 def variable(name: str) -> Variable:
