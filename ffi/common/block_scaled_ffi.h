@@ -137,7 +137,7 @@ inline ffi::ErrorOr<QuantizeArgs> DecodeQuantize(ffi::AnyBuffer x, ffi::AnyBuffe
         ffi::ErrorCode::kInvalidArgument, "scale_rounding " + std::to_string(scale_rounding) +
                                               " is not valid for format " + std::to_string(format)));
   a.scale_rounding = scale_rounding;
-  if (ffi::Error e = CheckHolds(x, "x", a.geo.elements() * int64_t(ffi::ByteWidth(x.element_type()))); e.failure())
+  if (ffi::Error e = CheckHolds(x, "x", PackedByteSize(x.element_type(), a.geo.elements())); e.failure())
     return ffi::Unexpected<ffi::Error>(std::move(e));
   a.x = x.untyped_data();
   a.global_scale = static_cast<const float*>(global_scale.untyped_data());
@@ -154,7 +154,7 @@ inline ffi::ErrorOr<DequantizeArgs> DecodeDequantize(ffi::AnyBuffer data, ffi::A
   GPUEXT_FFI_ASSIGN_OR_FORWARD(a.out_type, FloatTypeOf(y.element_type(), "output"));
   GPUEXT_FFI_ASSIGN_OR_FORWARD(
       a.geo, GeometryOf(format, axis, y.dimensions(), "output", data, scale, global_scale, fp4_packed));
-  if (ffi::Error e = CheckHolds(y, "output", a.geo.elements() * int64_t(ffi::ByteWidth(y.element_type()))); e.failure())
+  if (ffi::Error e = CheckHolds(y, "output", PackedByteSize(y.element_type(), a.geo.elements())); e.failure())
     return ffi::Unexpected<ffi::Error>(std::move(e));
   a.data = data.untyped_data();
   a.scale = scale.untyped_data();
