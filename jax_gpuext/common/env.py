@@ -118,6 +118,9 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     _V("JAX_GPUEXT_REQUIRE_GPU", "bool", False,
        "a test skipped for a closed GPU gate fails instead (the GPU run sets it)", "tests/conftest.py",
        scope="tests"),
+    _V("JAX_GPUEXT_MPS_TEST_TIMEOUT_S", "float", 600.0,
+       "bound of each multi-process GPU all-reduce test (scripts/gpu_run.sh derives it from its step's bound)",
+       "tests/collectives/test_allreduce.py", scope="tests", minimum=30.0, maximum=86400.0),
     _V("JAX_GPUEXT_FUZZ", "choice", "ci", "fuzz suite mode: `ci` (small fixed-seed budget) or `long` (50x the "
        "cases, a fresh seed, shrinking)", "tests/fuzz/_budget.py", scope="tests", choices=("ci", "long")),
     _V("JAX_GPUEXT_FUZZ_EXAMPLES", "int", None, "fuzz cases per area, in either mode", "tests/fuzz/_budget.py",
