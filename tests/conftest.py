@@ -28,9 +28,9 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 import pytest
 
 import jax_gpuext
-from jax_gpuext.common import gates
+from jax_gpuext.common import env, gates
 
-REQUIRE_GPU = os.environ.get("JAX_GPUEXT_REQUIRE_GPU", "") not in ("", "0")
+REQUIRE_GPU = env.get("JAX_GPUEXT_REQUIRE_GPU")
 # Gates a GPU run cannot open by installing anything: the GPU in the machine is another
 # architecture. Under JAX_GPUEXT_REQUIRE_GPU=1 these alone still skip (a Blackwell test on an
 # H100); any other closed gate (a missing build part, library or device) fails.
