@@ -3,6 +3,7 @@ how many specials), so hypothesis prints a short, replayable recipe instead of t
 
 from __future__ import annotations
 
+import jax
 import ml_dtypes
 import numpy as np
 from hypothesis import strategies as st
@@ -62,3 +63,12 @@ def one_bad(data, params: dict, valid_share: int = 2) -> dict:
     ``params``: name -> (valid strategy, bad strategy)."""
     bad = data.draw(st.sampled_from([None] * (valid_share * len(params)) + list(params)), label="bad")
     return {name: data.draw(good if name != bad else junk, label=name) for name, (good, junk) in params.items()}
+
+
+def as_jax_sees(a) -> np.ndarray:
+    """``a`` as JAX hands it to an op or a handler: without ``jax_enable_x64`` a NumPy 64-bit input
+    becomes its 32-bit type (float64 -> float32, int64 -> int32), so a model fed the raw float64
+    values would judge numbers the op never received (a long campaign found this: rows of 1e300
+    are inf in float32)."""
+    a = np.asarray(a)
+    return a.astype(jax.dtypes.canonicalize_dtype(a.dtype), copy=False)

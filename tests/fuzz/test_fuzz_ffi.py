@@ -160,7 +160,7 @@ def check_quantize_result(values, operands, attrs, case):
         return
     assert not (fmt is formats.NVFP4 and int(attrs.get("fp4_packed", 1)) == 0), (
         f"accepted fp4_packed=0 for an NVFP4 buffer XLA packs: the handler wrote one byte per element ({case})")
-    x = operands[0]
+    x = _values.as_jax_sees(operands[0])  # what the handler was given
     if len(values) == 2 and values[1].size and np.ndim(x) >= 1:
         # a scale buffer of another shape (a permutation holds as many entries) is not this format
         want_shape = formats.scale_shape(np.shape(x), fmt, -1)
@@ -180,7 +180,7 @@ def check_dequantize_result(values, operands, results, attrs, case):
     fmt = next((f for f in formats.FORMATS.values() if f.code == code), None)
     if fmt is None or len(operands) != 3 or len(values) != 1 or values[0].size == 0:
         return  # (XLA runs no call whose results are all empty)
-    data, scale, g = (np.asarray(o) for o in operands)
+    data, scale, g = (_values.as_jax_sees(o) for o in operands)  # what the handler was given
     glob = g if fmt.has_global_scale else None
     try:
         q = formats.BlockScaledArray(data, scale, glob, fmt, axis)
