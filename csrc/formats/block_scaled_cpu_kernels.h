@@ -400,13 +400,12 @@ inline uint8_t QuantizeBf16Pow2(uint16_t bits, int16_t kshift, uint16_t& slow) {
   return uint8_t(uint16_t(code) | uint16_t((bits >> 15) << E::kSignShift));
 }
 
-// ------------------------------------------------------------------------ bf16 x NVFP4
-// NVFP4 blocks of bf16 input, without a division per element. The E2M1 code of
-// RN(RN(a / g) / s) (a = |x|, g the global scale, s the block's E4M3 scale) is a non-decreasing
-// function of a taking the values 0..7, so it is the number of its 7 steps that a passes:
-// code = #{i : a > U_i}, U_i the largest bf16 value whose code is at most i. For a bf16 block
-// that is 7 compares on 16-bit lanes (16 elements, one AVX2 register: NVFP4's whole block)
-// instead of 32 divisions and the rounding.
+// ------------------------------------------------------------------------ NVFP4 by thresholds
+// NVFP4 elements without a division per element. The E2M1 code of RN(RN(a / g) / s) (a = |x|,
+// g the global scale, s the block's E4M3 scale) is a non-decreasing function of a taking the
+// values 0..7, so it is the number of its 7 steps that a passes: code = #{i : a > U_i}, U_i the
+// largest input value whose code is at most i. For a block that is 7 compares on integer lanes
+// (the bits of |x|: exact under DAZ, subnormals included) instead of 32 divisions and the rounding.
 //
 // The steps, from E2M1's round-to-nearest-even (ties go to the even code):
 //   code >= 1 iff RN(v) > 0.25,  >= 2 iff RN(v) >= 0.75,  >= 3 iff > 1.25,  >= 4 iff >= 1.75,
@@ -418,23 +417,38 @@ inline uint8_t QuantizeBf16Pow2(uint16_t bits, int16_t kshift, uint16_t& slow) {
 // bits, exact in double, never an fp32 value: bound_i is an odd 25-bit integer times a power of
 // two), so both read xs >= F_i, F_i the smallest fp32 above D_i. Then RN(a / g) >= F_i iff
 // a / g > M_i or (a / g == M_i and F_i is even), M_i the midpoint of F_i and the fp32 below it
-// (25 bits, odd last bit); a == M_i * g is impossible for a bf16 a (M_i * g has at least 25
-// significant bits; exact in double, 49 bits), so step i is a > M_i * g: a > U_i with U_i the
-// largest bf16 below M_i * g. No FTZ/DAZ concern: all in double and integer compares.
-// tests/formats/test_formats.py sweeps every bf16 value of a block at the smallest and largest
-// divisors the path takes, for both scale roundings.
+// (25 bits, odd last bit); a == M_i * g is impossible for an fp32 (let alone bf16) a: M_i * g has
+// at least 25 significant bits (exact in double, 49 bits). So step i is a > M_i * g: a > U_i with
+// U_i the largest input value below M_i * g. All in double and integer compares: no FTZ/DAZ
+// concern. tests/formats/test_formats.py sweeps every bf16 value of a block at the smallest and
+// largest divisors the path takes, for both scale roundings, and the float32 / float16 inputs
+// around the global scale.
 inline constexpr double kNvfp4Bounds[7] = {0.25 + 0x1p-26, 0.75 - 0x1p-25, 1.25 + 0x1p-24, 1.75 - 0x1p-24,
                                            2.5 + 0x1p-23,  3.5 - 0x1p-23,  5.0 + 0x1p-22};
 
-// The largest bf16 value below d > 0 (d never a bf16 value), as bits: bf16 subnormals are
-// multiples of 2^-133; normals are d's double bits truncated (1023 -> 127 rebias); past the
-// largest finite bf16, that one.
+// The largest value of a format below d > 0 (d never a value of it), as bits: subnormals are
+// multiples of the smallest one; normals are d's double bits truncated to the format's
+// significand and rebiased; past the largest finite value, that one.
 inline int16_t Bf16Below(double d) {
   if (d >= 0x1.FEp127) return 0x7F7F;
   if (d < 0x1p-126) return int16_t(d * 0x1p133);  // exact scaling, then floor
   uint64_t b;
   std::memcpy(&b, &d, 8);
   return int16_t((b - (uint64_t(1023 - 127) << 52)) >> 45);
+}
+inline int16_t F16Below(double d) {
+  if (d >= 65504.0) return 0x7BFF;
+  if (d < 0x1p-14) return int16_t(d * 0x1p24);
+  uint64_t b;
+  std::memcpy(&b, &d, 8);
+  return int16_t((b - (uint64_t(1023 - 15) << 52)) >> 42);
+}
+inline int32_t F32Below(double d) {
+  if (d >= 0x1.FFFFFEp127) return 0x7F7FFFFF;
+  if (d < 0x1p-126) return int32_t(d * 0x1p149);
+  uint64_t b;
+  std::memcpy(&b, &d, 8);
+  return int32_t((b - (uint64_t(1023 - 127) << 52)) >> 29);
 }
 
 // M_i * g above: the threshold on |x| of step i for the block scale s and the global scale g.
@@ -447,14 +461,24 @@ inline double Nvfp4StepOnX(int i, double s, double g) {
 }
 
 // The thresholds of every block scale one global scale g allows, as a table by the block's stored
-// E4M3 scale code: a block costs one row address instead of 7 threshold computations (those
-// were a third of bf16 x NVFP4's time on AVX2; measured). Row c holds U_0..U_6 (bf16 bits, as
-// int16) for s = E4M3(c); it is used only for blocks that QuantFastScale accepts (s != 0 and
-// s * g >= 2^-124). Rows 0 and 127 (zero and NaN scales) are never read.
-struct Nvfp4Bf16Table {
+// E4M3 scale code: a block costs one row address instead of 7 threshold computations. Row c holds
+// U_0..U_6 for s = E4M3(c), as bf16 bits (bf16, for bfloat16 input), float16 bits (f16) and
+// fp32 bits (u32, for float32 input and the strided path, where every input widens exactly).
+// Used only for blocks with a nonzero scale that SimpleBlockScale computed; rows 0 and 127 (zero
+// and NaN scales) are never read. Built once per thread's part and global scale (~10 us).
+struct Nvfp4Table {
   uint32_t g = 0;
   bool built = false;
-  alignas(16) int16_t u[128][8];
+  alignas(16) int16_t bf16[128][8];
+  alignas(16) int16_t f16[128][8];
+  alignas(32) int32_t u32[128][8];
+  alignas(32) int32_t u32t[7][128];  // u32 transposed: threshold i of every code (strided lanes gather it)
+
+  // The row of 16-bit thresholds for 16-bit input In (bfloat16 or float16).
+  template <class In>
+  const int16_t* Row16(uint32_t code) const {
+    return std::is_same_v<In, InF16> ? f16[code & 0x7F] : bf16[code & 0x7F];
+  }
 
   void Build(uint32_t gbits) {
     g = gbits;
@@ -462,18 +486,25 @@ struct Nvfp4Bf16Table {
     const double gd = double(AsFloat(gbits));
     for (int c = 0; c < 128; ++c) {
       const double s = double(AsFloat(uint32_t(MagnitudeToF32<E4M3>(c))));
-      for (int i = 0; i < 7; ++i) u[c][i] = c == 0 || c > 0x7E ? int16_t(0) : Bf16Below(Nvfp4StepOnX(i, s, gd));
-      u[c][7] = 0;  // padding: rows of 16 bytes
+      for (int i = 0; i < 7; ++i) {
+        const double t = c == 0 || c > 0x7E ? 0.0 : Nvfp4StepOnX(i, s, gd);
+        bf16[c][i] = t > 0 ? Bf16Below(t) : int16_t(0);
+        f16[c][i] = t > 0 ? F16Below(t) : int16_t(0);
+        u32[c][i] = u32t[i][c] = t > 0 ? F32Below(t) : 0;
+      }
+      bf16[c][7] = f16[c][7] = 0;  // padding: rows of 16 / 32 bytes
+      u32[c][7] = 0;
     }
   }
 };
 
-// One whole NVFP4 block: 16 bf16 elements -> their codes, packed (8 bytes, element 2i in the
-// low nibble of byte i) or one per byte (16 bytes). GCC vector types: one AVX2 register in the
-// v3 and v4 clones, two SSE2 registers in the baseline. Valid for finite inputs; u[i] is
-// threshold U_i (a row of Nvfp4Bf16Table).
+// One whole NVFP4 block: 16 bfloat16 or float16 elements (sign bit 15, |x| in the low 15 bits,
+// ordered as integers either way) -> their codes, packed (8 bytes, element 2i in the low nibble
+// of byte i) or one per byte (16 bytes). GCC vector types: one AVX2 register in the v3 and v4
+// clones, two SSE2 registers in the baseline. Valid for finite inputs; u[i] is threshold U_i (a
+// Row16 of Nvfp4Table).
 template <bool kPacked>
-inline void QuantizeNvfp4Bf16Block(const uint16_t* x, const int16_t* u, uint8_t* out) {
+inline void QuantizeNvfp4Block16(const uint16_t* x, const int16_t* u, uint8_t* out) {
   typedef int16_t V16 __attribute__((vector_size(32)));
   typedef uint32_t V8 __attribute__((vector_size(32)));
   typedef uint8_t B32 __attribute__((vector_size(32)));
@@ -498,6 +529,36 @@ inline void QuantizeNvfp4Bf16Block(const uint16_t* x, const int16_t* u, uint8_t*
     b = __builtin_shufflevector(b, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 0, 2, 4, 6, 8, 10, 12,
                                 14, 16, 18, 20, 22, 24, 26, 28, 30);
     std::memcpy(out, &b, 16);
+  }
+}
+
+// The same block for float32 input: 16 elements on 32-bit lanes (two AVX2 registers), u a u32
+// row of Nvfp4Table; codes one per byte into out.
+inline void QuantizeNvfp4BlockF32(const uint32_t* x, const int32_t* u, uint8_t* out) {
+  int32_t bits[16], code[16];
+  std::memcpy(bits, x, 64);
+  for (int t = 0; t < 16; ++t) {
+    const int32_t a = bits[t] & int32_t(kF32AbsMask);
+    int32_t c = 0;
+    for (int i = 0; i < 7; ++i) c += a > u[i];
+    code[t] = c | ((bits[t] >> 28) & 8);  // the sign bit of E2M1
+  }
+  for (int t = 0; t < 16; ++t) out[t] = uint8_t(code[t]);
+}
+
+// n elements of a strided row with their own thresholds (fp32 bits, threshold-major:
+// thr[i * stride + lane]): the strided path's lanes each belong to another block. One pass, the
+// seven compares unrolled, so each vector of lanes is loaded once.
+template <class In>
+inline void QuantizeNvfp4Lanes(const typename In::T* x, const int32_t* thr, int64_t stride, int64_t n,
+                               uint8_t* out) {
+  const int32_t *t0 = thr, *t1 = thr + stride, *t2 = thr + 2 * stride, *t3 = thr + 3 * stride;
+  const int32_t *t4 = thr + 4 * stride, *t5 = thr + 5 * stride, *t6 = thr + 6 * stride;
+  for (int64_t l = 0; l < n; ++l) {
+    const int32_t b = In::Bits(x[l]);
+    const int32_t a = b & int32_t(kF32AbsMask);
+    const int32_t c = (a > t0[l]) + (a > t1[l]) + (a > t2[l]) + (a > t3[l]) + (a > t4[l]) + (a > t5[l]) + (a > t6[l]);
+    out[l] = uint8_t(c | ((b >> 28) & 8));  // the sign bit of E2M1
   }
 }
 

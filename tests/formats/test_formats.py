@@ -219,7 +219,7 @@ def test_every_bf16_value_fp8_tiles_and_per_tensor(cols, top):
                                2.0**122, 0.37, 3.1e-30 / 7, 1 / 2688], ids=lambda g: f"{g:.3g}")
 def test_nvfp4_bf16_every_value_at_extreme_divisors(g, rounding):
     """bf16 x NVFP4 rounds by comparing |x| with 7 per-block thresholds computed in double
-    (Nvfp4Bf16Table, by the block's E4M3 scale code and the global scale). Given global scales put
+    (Nvfp4Table, by the block's E4M3 scale code and the global scale). Given global scales put
     the block divisor (E4M3 scale x g) at the smallest the path accepts (2^-124), below it (the
     division loop) and near the largest a block can reach (~2^125.6, bf16's largest amax), and two
     that are not powers of two, among them RN(1 / 2688), a tensor's with amax 1: with the block scale
@@ -242,9 +242,10 @@ def test_nvfp4_bf16_every_value_at_extreme_divisors(g, rounding):
 
 
 @functools.cache
-def nvfp4_quantizer(backend, rounding):
+def nvfp4_quantizer(backend, rounding, axis=-1):
     """NVFP4 with the global scale as an argument (one compilation for every g)."""
-    return jax.jit(lambda x, g: gx.quantize(x, gx.NVFP4, global_scale=g, scale_rounding=rounding, backend=backend))
+    return jax.jit(lambda x, g: gx.quantize(x, gx.NVFP4, axis=axis, global_scale=g, scale_rounding=rounding,
+                                            backend=backend))
 
 
 @pytest.mark.parametrize("rounding", ["nearest", "up"])
@@ -280,6 +281,11 @@ def test_nvfp4_bit_exact_around_the_global_scale(rounding, dtype):
             y = dequantizer(backend, jnp.float32)(q)
             expected = expected_dequantize(np.asarray(q.data).astype(np.float64), scale, gx.NVFP4, np.float32, g=g)
             assert_bits_equal(y, as_bits(expected), f"{what} dequantized")
+        # The strided path (blocks down the columns: each lane compares with its own block's
+        # thresholds) on the same blocks.
+        q = nvfp4_quantizer("cpu", rounding, 0)(np.ascontiguousarray(x.T), g)
+        assert_bits_equal(q.data, elem_bits(values, gx.NVFP4).T, f"NVFP4 {rounding} g={g} axis=0 data")
+        assert_bits_equal(q.scale, scale_bits(scale, gx.NVFP4).T, f"NVFP4 {rounding} g={g} axis=0 scale")
 
 
 @pytest.mark.parametrize("fmt", [gx.MXFP8_E4M3, gx.MXFP8_E5M2, gx.MXFP4], ids=["MXFP8_E4M3", "MXFP8_E5M2", "MXFP4"])
