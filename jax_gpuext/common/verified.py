@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import pathlib
 
+from jax_gpuext.common import env, gates
 from jax_gpuext.common import extension as _ext
-from jax_gpuext.common import gates
 from jax_gpuext.common.gates import GateResult
 
 ALLOW_ENV = "JAX_GPUEXT_ALLOW_UNVERIFIED"
@@ -36,6 +35,8 @@ COMPONENTS = {
     "block_scaled_dot.cublaslt": ("block_scaled_dot", "cublaslt"),
     "block_scaled_dot.cudnn": ("block_scaled_dot", "cudnn"),
     "block_scaled_dot.hopper_mx": ("block_scaled_dot", "hopper_mx"),
+    "ragged_dot.cublaslt": ("ragged_dot", "cublaslt"),
+    "ragged_dot.hopper": ("ragged_dot", "hopper"),
     "all_reduce.one_shot": ("all_reduce", "one_shot"),
     "all_reduce.two_shot": ("all_reduce", "two_shot"),
     "all_reduce.graph_safe": ("all_reduce", f"graph-safe target (one_shot / two_shot / nvshmem_library "
@@ -51,6 +52,8 @@ BACKENDS = {
     ("block_scaled_dot", "cublaslt"): ("block_scaled_dot.cublaslt",),
     ("block_scaled_dot", "cudnn"): ("block_scaled_dot.cudnn",),
     ("block_scaled_dot", "hopper_mx"): ("block_scaled_dot.hopper_mx",),
+    ("ragged_dot", "cublaslt"): ("ragged_dot.cublaslt",),
+    ("ragged_dot", "hopper"): ("ragged_dot.hopper",),
     ("all_reduce", "one_shot"): ("all_reduce.one_shot",),
     ("all_reduce", "two_shot"): ("all_reduce.two_shot",),
     ("all_reduce", "nvshmem_library"): ("all_reduce.nvshmem_library",),
@@ -64,7 +67,7 @@ EMPTY_RECORD = {"generated_by": "scripts/update_verified.py from benchmarks/resu
 
 
 def allow_unverified() -> bool:
-    return os.environ.get(ALLOW_ENV, "") not in ("", "0")
+    return env.get(ALLOW_ENV)
 
 
 @functools.cache
@@ -107,7 +110,7 @@ def components(op: str, backend: str) -> tuple[str, ...]:
     NVSHMEM all-reduce under JAX_GPUEXT_ALLREDUCE_GRAPH_SAFE=1 lowers to the graph-safe target,
     which must have passed too."""
     found = BACKENDS.get((op, backend), ())
-    if op == "all_reduce" and found and os.environ.get(GRAPH_SAFE_ENV, "0") not in ("", "0"):
+    if op == "all_reduce" and found and env.get(GRAPH_SAFE_ENV):
         found += ("all_reduce.graph_safe",)
     return found
 

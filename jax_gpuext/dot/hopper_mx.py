@@ -41,13 +41,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_gpuext.common import backends, gates
+from jax_gpuext.common import backends, env, gates
 from jax_gpuext.common import extension as _ext
 from jax_gpuext.common import ffi as _ffi
 from jax_gpuext.common.gates import GateResult
 from jax_gpuext.dot import common as _dot
 
-TARGET = "gpuext_hopper_mx_dot"
+TARGET = _ext.declare_target("gpuext_hopper_mx_dot", "block_scaled_dot")
 BLOCK = 32  # the kernel's scale block along K (one k32 wgmma)
 # Ids of csrc/hopper_mx/hopper_mx.h TileConfig (never renumbered): name -> (id, BM, BN).
 TILE_CONFIGS = {"m128n128": (0, 128, 128), "m64n128": (1, 64, 128), "m128n64": (2, 128, 64)}
@@ -59,14 +59,15 @@ _MAX_DIM = 2**31 - 1
 
 
 # --------------------------------------------------------------------------- supports
-def built_for_sm90a() -> GateResult:
+def built_for_sm90a(kernel: str = "the hopper_mx kernel") -> GateResult:
+    """Whether _cuda holds our sm_90a kernels (hopper_mx's object library: also ragged_dot's)."""
     info = _ext.build_info("cuda")
     if info is None:
         return GateResult(False, "no CUDA extension")
     archs = str(info.get("architectures", ""))
     ok = any(a.strip().startswith("90a") for a in archs.split(","))
     return GateResult(ok, f"CUDA extension built for {archs}: {'has' if ok else 'no'} sm_90a "
-                          f"(the hopper_mx kernel needs 90a-real in JAX_GPUEXT_CUDA_ARCHITECTURES)")
+                          f"({kernel} needs 90a-real in JAX_GPUEXT_CUDA_ARCHITECTURES)")
 
 
 def supports(p) -> GateResult:
@@ -186,7 +187,7 @@ def default_config(b: int, m: int, n: int, k: int, sms: int = _H100_SMS) -> str:
 
 
 def cache_path() -> pathlib.Path:
-    root = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "jax_gpuext")
+    root = env.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "jax_gpuext")
     return pathlib.Path(root) / "hopper_mx_autotune.json"
 
 
@@ -228,7 +229,7 @@ def choose_config(b, m, n, k, a_dtype, b_dtype, out_dtype) -> tuple[str, str]:
     entry = _load_cache().get(key)
     if isinstance(entry, dict) and entry.get("config") in TILE_CONFIGS:
         return entry["config"], f"autotune cache ({cache_path()})"
-    if os.environ.get(AUTOTUNE_ENV, "") not in ("", "0"):
+    if env.get(AUTOTUNE_ENV):
         return autotune(b, m, n, k, a_dtype, b_dtype, out_dtype), "autotuned now"
     return default_config(b, m, n, k), "default (no autotune entry)"
 

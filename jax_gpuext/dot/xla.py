@@ -94,7 +94,7 @@ def _dequantized(q, info: _dot.FormatInfo, dtype) -> jax.Array:
 
 
 def _dot_general(a, b, p: _dot.DotProblem, precision=None) -> jax.Array:
-    dn = (((p.lhs_contract,), (p.rhs_contract,)), (p.lhs_batch, p.rhs_batch))
+    dn = ((p.lhs_contract, p.rhs_contract), (p.lhs_batch, p.rhs_batch))
     return lax.dot_general(a, b, dn, precision=precision, preferred_element_type=jnp.float32)
 
 

@@ -205,13 +205,17 @@ def test_unknown_backend_name_is_a_value_error(toy_op):
 
 def test_force_reference_env(toy_op, monkeypatch):
     op, _, _ = toy_op
-    monkeypatch.setenv(backends.FORCE_REFERENCE_ENV, f"other,{op}")
+    monkeypatch.setenv(backends.FORCE_REFERENCE_ENV, f"quantize, {op}")
     with backends.platform("cpu"):
         sel = backends.select(op, problem={"n": 4})
     assert sel.chosen == "reference" and "JAX_GPUEXT_FORCE_REFERENCE" in sel.reason
     monkeypatch.setenv(backends.FORCE_REFERENCE_ENV, "all")
     with backends.platform("cpu"):
         assert backends.select(op, problem={"n": 4}).chosen == "reference"
+    # A misspelt op would be forced not at all, silently: refused, naming the variable (issue 26).
+    monkeypatch.setenv(backends.FORCE_REFERENCE_ENV, f"{op},quantise")
+    with backends.platform("cpu"), pytest.raises(ValueError, match="JAX_GPUEXT_FORCE_REFERENCE.*quantise"):
+        backends.select(op, problem={"n": 4})
 
 
 def test_explain_reports_calls_inside_jit_even_after_caching(toy_op):
@@ -257,6 +261,18 @@ def test_cli_info_table_and_json():
     p = _run_python("from jax_gpuext.__main__ import main; main(['info', '--json'])")
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["gates"]["cpu_extension"]["supported"] is True
+
+
+@pytest.mark.skipif(gates.check("cuda_device").supported, reason="what a CPU-only machine prints")
+def test_cpu_only_capabilities_and_info_print_no_warning():
+    """Nothing of ours can run on CUDA here: the report says "not applicable", nobody is warned."""
+    p = _run_python("import logging, warnings; warnings.simplefilter('always'); "
+                    "logging.basicConfig(level=logging.WARNING); import jax_gpuext; jax_gpuext.capabilities()")
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    p = subprocess.run([sys.executable, "-P", "-m", "jax_gpuext", "info"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    row = next(line for line in p.stdout.splitlines() if line.startswith("float4 layout cuda"))
+    assert "not applicable" in row, row
 
 
 def test_gates_markdown_lists_every_gate():

@@ -31,7 +31,7 @@ import update_verified  # noqa: E402
 NOT_VERIFIED = "not verified on sm_90 at this source (see benchmarks/results)"
 XLA_NATIVE = {("block_scaled_dot", "xla"), ("block_scaled_dot", "reference"), ("quantize", "reference"),
               ("dequantize", "reference"), ("all_reduce", "xla"), ("all_reduce", "reference"),
-              ("place", "memory_kind"), ("place", "xla")}
+              ("place", "memory_kind"), ("place", "xla"), ("ragged_dot", "xla"), ("ragged_dot", "reference")}
 
 
 # --------------------------------------------------------------------------- a simulated H100

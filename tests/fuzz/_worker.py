@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import os
+import pathlib
 import pickle
 import struct
 import sys
@@ -118,6 +119,33 @@ def all_reduce(x, mesh_shape, mesh_axes, axis_name, kwargs, algorithms):
     return {a: attempt(lambda a=a: run(a)) for a in algorithms}
 
 
+def all_reduce_axes(x, mesh_shape, mesh_axes, vmaps, reduce, op, jit_inside, use_pmap, algorithms):
+    """all_reduce over a mix of axis kinds. x has shape mesh_shape + [size of each vmap] + (3,):
+    the leading dims are split over the mesh axes (shard_map) or the one pmap axis; ``vmaps`` =
+    [(size, name), ...], outermost first, nest jax.vmap inside; ``reduce`` names the reduced axes
+    (mesh, pmap and vmap names, in any order). Returns the result in x's shape per algorithm."""
+    ndev = int(np.prod(mesh_shape))
+    lead = len(mesh_shape)
+    local = tuple(s for s, _ in vmaps) + (3,)
+
+    def run(algorithm):
+        def inner(r):
+            return gx.all_reduce(r, reduce, op=op, algorithm=algorithm, timeout_s=30)
+
+        fn = jax.jit(inner) if jit_inside else inner
+        for _, name in reversed(vmaps):
+            fn = jax.vmap(fn, axis_name=name)
+        if use_pmap:
+            f = jax.pmap(lambda v: fn(v.reshape(local)), axis_name=mesh_axes[0], devices=jax.devices()[:ndev])
+            return host(f(x.reshape((ndev,) + local))).reshape(x.shape)
+        devices = np.array(jax.devices()[:ndev]).reshape(mesh_shape)
+        mesh = Mesh(devices, mesh_axes)
+        body = lambda v: fn(v.reshape(local)).reshape((1,) * lead + local)  # noqa: E731
+        f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(*mesh_axes), out_specs=P(*mesh_axes), check_vma=False))
+        return host(f(x))
+    return {a: attempt(lambda a=a: run(a)) for a in algorithms}
+
+
 # --------------------------------------------------------------------------- FFI targets, directly
 def ffi_call(target, operands, results, attributes):
     """jax.ffi.ffi_call of a registered target with whatever operands, result types and
@@ -132,8 +160,44 @@ def registrations():
     return sorted(_ext.module("cpu").registrations())
 
 
+# --------------------------------------------------------------------------- checkpoint files
+def read_checkpoint(path, then=None):
+    """jax_gpuext's reader of a checkpoint file (``ours``) and what the file must give
+    (``expected``, tests/_safetensors_files.py: safetensors' own reader for .safetensors; for .npz,
+    np.load, asked only once ours loaded, so its sizes are known to be sane). Both run here: a
+    crash in either is a finding, not the end of the test run.
+
+    ``then``: after reading, "rewrite" (write_safetensors over the file) or "truncate" it (in
+    place), then touch every array again: an array still backed by the file would change, or die
+    of SIGBUS, here. ``unchanged`` says whether every array kept its bytes."""
+    if str(pathlib.Path(__file__).parents[1]) not in sys.path:
+        sys.path.insert(0, str(pathlib.Path(__file__).parents[1]))
+    import _safetensors_files as sf
+    from jax_gpuext import checkpoints
+
+    with open(path, "rb") as f:
+        blob = f.read()
+    ours = attempt(lambda: checkpoints.read_tensors(path))
+    out = {"ours": ours}
+    if path.endswith(".safetensors"):
+        out["expected"] = sf.expected(blob)
+        out["metadata"] = attempt(lambda: checkpoints.read_safetensors_metadata(path))
+    elif ours[0] == "ok":
+        out["expected"] = attempt(lambda: dict(np.load(path, allow_pickle=False)))
+    if then and ours[0] == "ok":
+        before = {k: v.tobytes() for k, v in ours[1].items()}
+        if then == "rewrite":
+            checkpoints.write_safetensors(path, {"other": np.arange(3, dtype=np.float32)})
+        else:
+            with open(path, "r+b") as f:
+                f.truncate(0)
+        out["unchanged"] = all(v.tobytes() == before[k] for k, v in ours[1].items())
+    return out
+
+
 KINDS = {f.__name__: f for f in (quantize, dequantize_parts, block_scaled_dot, scaled_dot_general, place,
-                                 all_reduce, ffi_call, registrations)}
+                                 all_reduce, all_reduce_axes, ffi_call, registrations,
+                                 read_checkpoint)}
 
 
 def main():
