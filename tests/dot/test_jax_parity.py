@@ -290,14 +290,9 @@ def _dot_general_run(a, b, *, fmt, dn, out_type, training, ours):
     return f(a, b)
 
 
-@pytest.mark.parametrize("case,out_type", rotated(range(len(DOT_GENERAL_MXFP8)), keep=(0, 4)))
-def test_dot_general_mxfp8(case, out_type):
-    """ScaledDotGeneralTest.test_dot_general: E4M3-representable uniform operands (key 0) through
-    scaled_dot_general against lax.dot_general of the same inputs: the loss sum(out) at rtol
-    1e-2 / atol 1e-2, gradients at rtol 1e-2 / atol 1e1."""
-    a_shape, b_shape, dn, training = DOT_GENERAL_MXFP8[case]
-    out_type, dn = DTYPES[out_type], _normalized_dims(dn)
-    a, b = jax_test_operands(a_shape=a_shape, b_shape=b_shape, dtype=out_type, seed=0, representable=True)
+def _check_mxfp8_dot_general(a, b, dn, out_type, training):
+    """ScaledDotGeneralTest's checks of scaled_dot_general (MXFP8) against lax.dot_general of the
+    same inputs: the loss sum(out) at rtol 1e-2 / atol 1e-2, gradients at rtol 1e-2 / atol 1e1."""
     run = functools.partial(_dot_general_run, fmt=gx.MXFP8_E4M3, dn=dn, out_type=out_type, training=training)
     ours, ref = run(a, b, ours=True), run(a, b, ours=False)
     if training:
@@ -308,6 +303,15 @@ def test_dot_general_mxfp8(case, out_type):
         assert_allclose(jnp.sum(ours), jnp.sum(ref), rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("case,out_type", rotated(range(len(DOT_GENERAL_MXFP8)), keep=(0, 4)))
+def test_dot_general_mxfp8(case, out_type):
+    """ScaledDotGeneralTest.test_dot_general: E4M3-representable uniform operands (key 0)."""
+    a_shape, b_shape, dn, training = DOT_GENERAL_MXFP8[case]
+    out_type, dn = DTYPES[out_type], _normalized_dims(dn)
+    a, b = jax_test_operands(a_shape=a_shape, b_shape=b_shape, dtype=out_type, seed=0, representable=True)
+    _check_mxfp8_dot_general(a, b, dn, out_type, training)
+
+
 @pytest.mark.parametrize("is_training,out_type", rotated([True, False], ids=["training", "inference"], keep=(0,)))
 def test_nn_scaled_dot_general_mxfp8(is_training, out_type):
     """NNFunctionsTest.testScaledDotGeneral: (2, 256, 96) x (2, 96, 160), batch 0, contracting
@@ -315,14 +319,7 @@ def test_nn_scaled_dot_general_mxfp8(is_training, out_type):
     out_type = DTYPES[out_type]
     dn = (((2,), (1,)), ((0,), (0,)))
     a, b = jax_test_operands(a_shape=(2, 256, 96), b_shape=(2, 96, 160), dtype=out_type, seed=0, representable=True)
-    run = functools.partial(_dot_general_run, fmt=gx.MXFP8_E4M3, dn=dn, out_type=out_type, training=is_training)
-    ours, ref = run(a, b, ours=True), run(a, b, ours=False)
-    if is_training:
-        assert_allclose(ours[0], ref[0], rtol=1e-2, atol=1e-2)
-        for g, g_ref in zip(ours[1], ref[1]):
-            assert_allclose(g, g_ref, rtol=1e-2, atol=1e1)
-    else:
-        assert_allclose(jnp.sum(ours), jnp.sum(ref), rtol=1e-2, atol=1e-2)
+    _check_mxfp8_dot_general(a, b, dn, out_type, is_training)
 
 
 @needs_jax_nn_nvfp4
