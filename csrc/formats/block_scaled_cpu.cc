@@ -174,9 +174,9 @@ struct Quantize {
   using T = typename In::T;
   static constexpr bool kBf16Pow2 = std::is_same_v<In, InBF16> && Fmt::kPow2;  // QuantizeBf16Pow2 applies
   static constexpr bool kBf16Div = std::is_same_v<In, InBF16> && !Fmt::kPow2;  // QuantizeBf16Div applies
-  static constexpr bool kBf16Nvfp4 = std::is_same_v<In, InBF16> && Fmt::kFormat == kNvfp4;  // Nvfp4Bf16Table
+  static constexpr bool kIsNvfp4 = Fmt::kFormat == kNvfp4;  // elements by thresholds (Nvfp4Table)
   struct NoTable {};
-  using Table = std::conditional_t<kBf16Nvfp4, Nvfp4Bf16Table, NoTable>;  // one per thread's part
+  using Table = std::conditional_t<kIsNvfp4, Nvfp4Table, NoTable>;  // one per thread's part
   const QuantizeArgs& a;
   const T* x = static_cast<const T*>(a.x);
 
@@ -190,6 +190,7 @@ struct Quantize {
     if constexpr (N > 0) n = N;
     float p = 1.0f;
     const bool fast = QuantFastScale<Fmt>(s, &p);
+    const float gf = AsFloat(s.g);  // NVFP4 divides by g first; other formats ignore it
     const bool div_loop = kBf16Div && Bf16DivLoopPays();
     uint8_t buf[kChunk];
     for (int64_t c = 0; c < n; c += kChunk) {
@@ -199,7 +200,7 @@ struct Quantize {
       uint8_t* out = a.geo.fp4_packed ? buf : static_cast<uint8_t*>(a.data) + e0 + c;
       if constexpr (kBf16Div) {
         if (fast && div_loop) {
-          QuantizeBf16Div<Fmt>(xs, m, p, out);
+          QuantizeBf16Div<Fmt>(xs, m, p, gf, out);
           if (a.geo.fp4_packed) StoreCodes(a.data, true, e0 + c, buf, m);
           continue;
         }
@@ -212,7 +213,7 @@ struct Quantize {
           for (int64_t i = 0; i < m; ++i) out[i] = QuantizeBf16Pow2<Fmt>(xs[i], kshift, slow);
         }
         if (slow)
-          for (int64_t i = 0; i < m; ++i) out[i] = QuantizeFast<Fmt>(In::Bits(xs[i]), p);
+          for (int64_t i = 0; i < m; ++i) out[i] = QuantizeFast<Fmt>(In::Bits(xs[i]), p, gf);
       } else {
         for (int64_t i = 0; i < m; ++i) out[i] = uint8_t(QuantizeElement(Fmt::kFormat, s, uint32_t(In::Bits(xs[i]))));
       }
@@ -242,6 +243,8 @@ struct Quantize {
     for (int64_t j = j0; j < count; ++j) amax[j] = AbsMaxF32<In, kB>(x + e0 + j * kB, kB);
     PrefetchAhead(x + e0, count * kB * int64_t(sizeof(T)));
     const uint32_t up = a.scale_rounding == kRoundUp ? 1u : 0u, gbits = GlobalBits(a.geo, a.global_scale, o);
+    const int32_t gk = GlobalK(gbits);
+    const float gf = AsFloat(gbits);
     for (int64_t j = 0; j < count; ++j) simple[j] = SimpleBlockScale<Fmt>(amax[j], up, gbits, &stored[j], &k[j], &m[j]);
     if constexpr (kBf16Pow2) {
       // bf16 x MX: one element loop over the group, each element with its block's k << 7, so the
@@ -280,24 +283,34 @@ struct Quantize {
       // block's divisor, instead of a 16-element loop per block (vectorised only 4 wide) and a
       // packing loop per block: measured 1.6x on NVFP4. Only when every block is fast.
       float p[kGroup];
-      uint32_t all = 1;
+      uint32_t all = 1, all_simple = 1;
       for (int64_t j = 0; j < count; ++j) {  // QuantFastScale, branch-free (a vectorised loop)
         p[j] = QuantFastParam<Fmt>(k[j], m[j]);
-        all &= simple[j] & QuantFastK<Fmt>(k[j]);
+        all &= simple[j] & QuantFastK<Fmt>(k[j], gk);
+        all_simple &= simple[j];
       }
-      if constexpr (kBf16Nvfp4) {
-        // bf16 x NVFP4: compares, no division (Nvfp4Bf16Table). A packed row of odd length can
-        // start mid-byte; it takes the general loop below.
+      if constexpr (kIsNvfp4) {
+        // NVFP4: compares with the block's thresholds, no division (Nvfp4Table; exact for any
+        // finite input, subnormals included, so only the scale must be SimpleBlockScale's). A
+        // packed row of odd length can start mid-byte; it takes the general loop below.
         const bool packed = a.geo.fp4_packed;
-        if (all && (!packed || e0 % 2 == 0)) {
+        if (all_simple && (!packed || e0 % 2 == 0)) {
           if (!table.built || table.g != gbits) table.Build(gbits);
-          uint8_t* out = static_cast<uint8_t*>(a.data) + (packed ? e0 / 2 : e0);
-          if (packed) {
-            for (int64_t j = 0; j < count; ++j)
-              QuantizeNvfp4Bf16Block<true>(x + e0 + j * kB, table.u[stored[j] & 0x7F], out + j * kB / 2);
+          if constexpr (sizeof(T) == 2) {  // bfloat16 / float16: 16-bit lanes
+            uint8_t* out = static_cast<uint8_t*>(a.data) + (packed ? e0 / 2 : e0);
+            if (packed) {
+              for (int64_t j = 0; j < count; ++j)
+                QuantizeNvfp4Block16<true>(x + e0 + j * kB, table.template Row16<In>(stored[j]), out + j * kB / 2);
+            } else {
+              for (int64_t j = 0; j < count; ++j)
+                QuantizeNvfp4Block16<false>(x + e0 + j * kB, table.template Row16<In>(stored[j]), out + j * kB);
+            }
           } else {
+            uint8_t codes[kGroup * kB];
+            uint8_t* out = packed ? codes : static_cast<uint8_t*>(a.data) + e0;
             for (int64_t j = 0; j < count; ++j)
-              QuantizeNvfp4Bf16Block<false>(x + e0 + j * kB, table.u[stored[j] & 0x7F], out + j * kB);
+              QuantizeNvfp4BlockF32(x + e0 + j * kB, table.u32[stored[j] & 0x7F], out + j * kB);
+            if (packed) StoreCodes(a.data, true, e0, codes, count * kB);
           }
           StoreScales(a.scale, Fmt::kFormat, u, stored, count);
           return;
@@ -311,14 +324,14 @@ struct Quantize {
         const T* xs = x + e0;
         const int64_t n = count * kB;
         uint8_t* out = a.geo.fp4_packed ? codes : static_cast<uint8_t*>(a.data) + e0;
-        for (int64_t i = 0; i < n; ++i) out[i] = QuantizeFast<Fmt>(In::Bits(xs[i]), pe[i]);
+        for (int64_t i = 0; i < n; ++i) out[i] = QuantizeFast<Fmt>(In::Bits(xs[i]), pe[i], gf);
         if (a.geo.fp4_packed) StoreCodes(a.data, true, e0, codes, n);
         StoreScales(a.scale, Fmt::kFormat, u, stored, count);
         return;
       }
     }
     for (int64_t j = 0; j < count; ++j) {
-      const BlockScale s = simple[j] ? BlockScale{stored[j], false, k[j], m[j]} : Scale(amax[j], o);
+      const BlockScale s = simple[j] ? BlockScale{stored[j], false, k[j], m[j], gbits} : Scale(amax[j], o);
       StoreScale(a.scale, Fmt::kFormat, u + j, s.stored);
       Run<kB>(e0 + j * kB, kB, s);
     }
@@ -356,6 +369,7 @@ struct Quantize {
     int32_t ks[kChunk];
     BlockScale scales[kChunk];
     uint8_t codes[kChunk];
+    Table table;
     for (int64_t u = begin; u < end; ++u) {
       const int64_t o = u / nb, b = u % nb;
       const int64_t k0 = b * g.block, rows = std::min(g.block, g.k - k0);
@@ -371,14 +385,40 @@ struct Quantize {
         }
         bool all_fast = true;
         const uint32_t up = a.scale_rounding == kRoundUp ? 1u : 0u, gbits = GlobalBits(g, a.global_scale, o);
+        const float gf = AsFloat(gbits);
         for (int64_t i = 0; i < w; ++i)  // SimpleBlockScale: see Blocks
           simple[i] = SimpleBlockScale<Fmt>(In::AbsToF32(uint32_t(amax[i])), up, gbits, &stored[i], &ks[i], &ms[i]);
         for (int64_t i = 0; i < w; ++i) {
-          scales[i] = simple[i] ? BlockScale{stored[i], false, ks[i], ms[i]} : Scale(In::AbsToF32(uint32_t(amax[i])), o);
+          scales[i] = simple[i] ? BlockScale{stored[i], false, ks[i], ms[i], gbits} : Scale(In::AbsToF32(uint32_t(amax[i])), o);
           StoreScale(a.scale, Fmt::kFormat, u * g.inner + i0 + i, scales[i].stored);
           param[i] = 1.0f;
           all_fast &= QuantFastScale<Fmt>(scales[i], &param[i]);
           kshift[i] = int16_t(scales[i].k * 128);  // used only in fast lanes, where |k| <= 126
+        }
+        if constexpr (kIsNvfp4) {
+          // NVFP4: each lane compares with its block's thresholds (Nvfp4Table, fp32 bits; every
+          // input type widens exactly), laid out threshold-major so the row loop vectorises. In
+          // slices of kLanes columns, so a slice's thresholds and its block rows stay in L1
+          // (all 512 lanes at once ran 2x slower than the division path did; measured).
+          uint32_t all_simple = 1;
+          for (int64_t i = 0; i < w; ++i) all_simple &= simple[i];
+          if (all_simple) {
+            if (!table.built || table.g != gbits) table.Build(gbits);
+            constexpr int64_t kLanes = 64;
+            alignas(64) int32_t thr[7][kLanes];
+            for (int64_t l0 = 0; l0 < w; l0 += kLanes) {
+              const int64_t n = std::min(kLanes, w - l0);
+              for (int t = 0; t < 7; ++t)
+                for (int64_t i = 0; i < n; ++i) thr[t][i] = table.u32t[t][stored[l0 + i] & 0x7F];
+              for (int64_t r = 0; r < rows; ++r) {
+                const int64_t e0 = (o * g.k + k0 + r) * g.inner + i0 + l0;
+                uint8_t* out = g.fp4_packed ? codes : static_cast<uint8_t*>(a.data) + e0;
+                QuantizeNvfp4Lanes<In>(x + e0, &thr[0][0], kLanes, n, out);
+                if (g.fp4_packed) StoreCodes(a.data, true, e0, codes, n);
+              }
+            }
+            continue;
+          }
         }
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t e0 = (o * g.k + k0 + r) * g.inner + i0;
@@ -390,7 +430,7 @@ struct Quantize {
             for (int64_t i = 0; i < w; ++i) out[i] = QuantizeBf16Pow2<Fmt>(xs[i], kshift[i], slow);
           }
           if (slow)
-            for (int64_t i = 0; i < w; ++i) out[i] = QuantizeFast<Fmt>(In::Bits(xs[i]), param[i]);
+            for (int64_t i = 0; i < w; ++i) out[i] = QuantizeFast<Fmt>(In::Bits(xs[i]), param[i], gf);
           if (!all_fast) {
             float unused;
             for (int64_t i = 0; i < w; ++i)

@@ -57,7 +57,7 @@ def _axis(axis, ndim: int, shape, what: str) -> int:
     return int(axis) % ndim
 
 
-def quantize_grouped(x, fmt, group_sizes, *, axis: int = -1, scale_rounding: str = "up", global_scale=None,
+def quantize_grouped(x, fmt, group_sizes, *, axis: int = -1, scale_rounding: str | None = None, global_scale=None,
                      backend: str = "auto") -> common.GroupedBlockScaledArray:
     """Quantizes ``x`` to ``fmt`` along ``axis``, blocks restarting at each group of ``group_sizes``.
 
