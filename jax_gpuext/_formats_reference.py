@@ -108,26 +108,59 @@ def _split_f32(v):
     return k, m
 
 
+def floor_quotient(a, shift, b, estimate, rcp_b):
+    """Exact ``q = floor(a * 2**shift / b)`` and ``r = a * 2**shift - q * b`` (``0 <= r < b``), no loop.
+
+    ``a``, ``b``: positive integers (int32 / uint32 arrays) with ``2**23 <= b < 2**27``; ``shift``
+    >= 0 (``a * 2**shift`` may exceed 32 bits: only its value modulo 2**32 is used); ``q < 2**31``.
+    ``estimate``: a float32 approximation of the quotient T = a * 2**shift / b with
+    ``|trunc(estimate) - T| * b < 2**31``; ``rcp_b``: a float32 approximation of ``1 / b`` within a
+    relative 2**-10. Neither needs to be correctly rounded (XLA:GPU divides with ``div.full.f32``,
+    2 ulp; XLA rewrites a division by a constant into a product with its rounded reciprocal): the
+    result is exact whatever they are within those bounds (docs/formats.md, "Division without a
+    loop"). Integer arithmetic is uint32, wrapping; signs are read by a bitcast to int32.
+
+    1. ``q0 = trunc(estimate)``, ``r0 = a * 2**shift - q0 * b`` modulo 2**32: the true value lies
+       in (-2**31, 2**31), so the int32 reading of the wrapped one is it.
+    2. ``d = floor(float32(r0) * rcp_b)`` is within 1 of ``floor(r0 / b)`` (relative error below
+       2**-9 on |r0 / b| < 2**8), so ``r1 = r0 - d * b`` lies in [-b, 2b): one step down, then one
+       step up, bring it into [0, b), with q adjusted alongside.
+    """
+    a, b = jnp.asarray(a).astype(U32), jnp.asarray(b).astype(U32)
+    q = estimate.astype(I32).astype(U32)
+    r = (a << jnp.asarray(shift).astype(U32)) - q * b
+    d = jnp.floor(lax.bitcast_convert_type(r, I32).astype(jnp.float32) * rcp_b).astype(I32).astype(U32)
+    q, r = q + d, r - d * b
+    low = lax.bitcast_convert_type(r, I32) < 0
+    q, r = q - low.astype(U32), jnp.where(low, r + b, r)
+    high = r >= b  # r is now in [0, 2b): unsigned compare
+    return q + high.astype(U32), jnp.where(high, r - b, r)
+
+
 def divide(ka, ma, kb, mb):
     """RN_fp32(a / b) with an unbounded exponent, a and b nonzero.
 
-    Long division on the integer significands: XLA rewrites a float division by a constant into
-    a multiplication by its (rounded) reciprocal, which is not correctly rounded. The C++/CUDA
-    code uses the IEEE fp32 division of the two significands, which gives the same bits.
+    ``floor_quotient`` of the significands, normalised so the 24-bit quotient has its leading one
+    at bit 23, then rounded to nearest even from the remainder. The float32 division of the
+    significands (both in [1, 2): operands and result normal, so FTZ/DAZ cannot touch them) only
+    supplies the estimate; its rounding does not matter. The C++/CUDA code divides the
+    significands with IEEE fp32 division, which gives the same bits.
     """
     a, b = jnp.asarray(ma).astype(U32), jnp.asarray(mb).astype(U32)
-    ge = a >= b
-    k = ka - kb - (~ge).astype(I32)
-    r = jnp.where(ge, a, a << 1)  # r / b in [1, 2); r < 2**25
+    c = a < b  # a / b in [1/2, 1): one more bit of quotient keeps its leading one at bit 23
+    shift = 23 + c.astype(I32)
+    ratio = significand_f32(a) / significand_f32(b)
+    estimate = ratio * jnp.where(c, np.float32(2.0**24), np.float32(2.0**23))
+    rcp_b = np.float32(1.0) / b.astype(jnp.float32)
+    q, r = floor_quotient(a, shift, b, estimate, rcp_b)
+    return round_quotient(ka - kb - c.astype(I32), q, r, b)
 
-    def step(_, qr):  # a rolled loop: 24 unrolled steps made XLA's compile time dominate the tests
-        q, r = qr
-        bit = r >= b
-        return (q << 1) | bit.astype(U32), jnp.where(bit, r - b, r) << 1
 
-    q, r = lax.fori_loop(0, 24, step, (jnp.zeros_like(r), r))
-    q = q + ((r > b) | ((r == b) & ((q & 1) == 1))).astype(U32)  # r is twice the remainder
-    carry = (q >> 24).astype(I32)
+def round_quotient(k, q, r, b):
+    """(k, q + r / b) rounded to 24 bits, ties to even: q in [2**23, 2**24), 0 <= r < b < 2**31."""
+    twice = r << 1
+    q = q + ((twice > b) | ((twice == b) & ((q & 1) == 1))).astype(U32)
+    carry = (q >> 24).astype(I32)  # q rounded up to 2**24: the next binade
     return k + carry, (q >> carry.astype(U32)).astype(I32)
 
 

@@ -2,10 +2,11 @@
 per-tensor FP8 (FP8_TENSOR: the FP8 blockwise rule with the whole tensor as the block).
 
 ``quantize(x, fmt)`` returns a :class:`BlockScaledArray` (data, per-block scales, optional
-per-tensor global scale); ``dequantize(q)`` turns it back into floats. Three implementations
-agree bit for bit: the pure-jnp reference (``_formats_reference``, the definition), the CPU FFI
-handler (``ffi/cpu/formats.cc``) and the CUDA kernels (``csrc/formats/``). docs/formats.md
-states the rules.
+per-tensor global scale); ``dequantize(q)`` turns it back into floats. Four implementations
+agree bit for bit: the pure-jnp reference (``_formats_reference``, the definition), the ``xla``
+backend (``formats_xla``: the same rules as one pass of XLA, what ``auto`` runs on a GPU until
+our CUDA kernels are verified there), the CPU FFI handler (``ffi/cpu/formats.cc``) and the CUDA
+kernels (``csrc/formats/``). docs/formats.md states the rules.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from jax import lax
 
 from jax_gpuext import _ffi, backends, gates
 from jax_gpuext import _formats_reference as ref
+from jax_gpuext import formats_xla
 from jax_gpuext.errors import UnsupportedError, require_bool
 
 QUANTIZE_OP = "quantize"
@@ -352,6 +354,11 @@ _CPU_MEASURED = ("measured faster than the jnp reference for every format (vecto
 backends.register(QUANTIZE_OP, backends.Backend(
     "cpu", ("cpu",), ("cpu_extension",), f"C++ CPU handler (gpuext_quantize), {_CPU_MEASURED}",
     _handler_supports("cpu")))
+# XLA's own ops, bit-identical to the reference in one pass (no loop): auto's choice on a GPU
+# where the CUDA kernels are not verified (docs/design.md "The xla backend of quantize").
+_XLA_DESCRIPTION = ("pure XLA, one pass, bit-identical to the reference (formats_xla: integer rules, "
+                    "loop-free exact division)")
+backends.register(QUANTIZE_OP, backends.Backend("xla", ("cuda", "cpu"), (), _XLA_DESCRIPTION))
 backends.register(QUANTIZE_OP, backends.Backend(
     "reference", ("cpu", "cuda"), (), "pure-jnp reference on bit patterns"))
 backends.register(DEQUANTIZE_OP, backends.Backend(
@@ -360,6 +367,7 @@ backends.register(DEQUANTIZE_OP, backends.Backend(
 backends.register(DEQUANTIZE_OP, backends.Backend(
     "cpu", ("cpu",), ("cpu_extension",), f"C++ CPU handler (gpuext_dequantize), {_CPU_MEASURED}",
     _handler_supports("cpu")))
+backends.register(DEQUANTIZE_OP, backends.Backend("xla", ("cuda", "cpu"), (), _XLA_DESCRIPTION))
 backends.register(DEQUANTIZE_OP, backends.Backend(
     "reference", ("cpu", "cuda"), (), "pure-jnp reference on bit patterns"))
 
@@ -390,8 +398,12 @@ def quantize(x, fmt, *, axis: int = -1, scale_rounding: str = "up", global_scale
         g = ref.nvfp4_global_scale(x)
     sel = backends.select(QUANTIZE_OP, backend, problem=(fmt, x.shape, x.dtype))
     _note_fp4_layout(sel, fmt)
-    if sel.chosen == "reference":
+    if x.size == 0 and not fmt.per_tensor and sel.chosen in ("reference", "xla"):
+        data, scale = _quantize_empty(x, fmt, ax)
+    elif sel.chosen == "reference":
         data, scale = _quantize_reference(x, fmt, ax, scale_rounding, g)
+    elif sel.chosen == "xla":
+        data, scale = formats_xla.quantize(x, fmt, ax, scale_rounding, g)
     else:
         data, scale = _quantize_ffi(x, fmt, ax, scale_rounding, g, sel.chosen)
     return BlockScaledArray(data, scale, g, fmt, ax)
@@ -454,10 +466,15 @@ def _quantize_blocks(bits, amax, fmt: BlockFormat, rounding: str, g_bits):
     return ref.fp8_blockwise_quantize_blocks(bits, amax)
 
 
+def _quantize_empty(x, fmt: BlockFormat, axis: int):
+    """No blocks (and a block length of 0 to divide by): zero data, zero scale bits."""
+    return (_codes_to_elements(jnp.zeros(x.shape, jnp.uint32), fmt.elem_dtype),
+            _scale_from_bits(jnp.zeros(scale_shape(x.shape, fmt, axis), jnp.uint32), fmt))
+
+
 def _quantize_reference(x, fmt: BlockFormat, axis: int, rounding: str, g):
-    if x.size == 0 and not fmt.per_tensor:  # no blocks (and a block length of 0 to divide by)
-        return (_codes_to_elements(jnp.zeros(x.shape, jnp.uint32), fmt.elem_dtype),
-                _scale_from_bits(jnp.zeros(scale_shape(x.shape, fmt, axis), jnp.uint32), fmt))
+    if x.size == 0 and not fmt.per_tensor:
+        return _quantize_empty(x, fmt, axis)
     bits = ref.to_f32_bits(x)
     if fmt.per_tensor:  # one block: the whole tensor (initial=0: an empty tensor gets scale 1)
         amax = jnp.max(bits & jnp.uint32(ref.F32_ABS_MASK), initial=np.uint32(0))
@@ -531,6 +548,8 @@ def dequantize(q: BlockScaledArray, dtype=jnp.float32, *, backend: str = "auto")
     _note_fp4_layout(sel, fmt)
     if sel.chosen == "reference":
         return _dequantize_reference(q, dtype)
+    if sel.chosen == "xla":
+        return jnp.zeros(q.data.shape, dtype) if q.data.size == 0 else formats_xla.dequantize(q, dtype)
     out = jax.ShapeDtypeStruct(q.data.shape, dtype)
     g = _ffi_global_scale(q.global_scale).astype(jnp.float32)
     return _ffi.ffi_call(DEQUANTIZE_TARGET, out, q.data, q.scale, g, vmap_method="broadcast_all",

@@ -1,6 +1,8 @@
 """Block-scaled formats: bit-exact against an independent float64 NumPy statement of the rules
-(tests/_formats_numpy.py), CPU handler == jnp reference bit for bit, special values, partial
-blocks, jit/vmap, lowering and errors. CUDA comparisons live in test_formats_gpu.py."""
+(tests/_formats_numpy.py), the CPU handler, the ``xla`` backend and the jnp reference alike, bit
+for bit; special values, partial blocks, jit/vmap, lowering and errors. CUDA comparisons live in
+test_formats_gpu.py; what only the ``xla`` backend needs (its division, its HLO) in
+test_formats_xla.py."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from jax_gpuext import _ffi, formats
 FORMATS = [f for f in formats.FORMATS.values() if not f.per_tensor]
 IDS = [f.name for f in FORMATS]
 DTYPES = [np.float32, ml_dtypes.bfloat16, np.float16]
+BACKENDS = ["reference", "xla", "cpu"]  # every backend that runs on CPU
 MX_ELEM = {"MXFP8_E4M3": npref.E4M3, "MXFP8_E5M2": npref.E5M2, "MXFP4": npref.E2M1}
 
 
@@ -123,7 +126,7 @@ def big_inputs():
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
-@pytest.mark.parametrize("backend", ["reference", "cpu"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_quantize_bit_exact_10k_blocks(fmt, backend, big_inputs):
     x = big_inputs[fmt.name]
     q = quantizer(fmt, backend)(x)
@@ -142,7 +145,7 @@ def test_quantize_bit_exact_10k_blocks(fmt, backend, big_inputs):
 def test_half_inputs_and_outputs_bit_exact(fmt, dtype):
     x = random_blocks(7, 400, block_shape(fmt), dtype)
     values, scale, g = expected_quantize(x, fmt)
-    for backend in ("reference", "cpu"):
+    for backend in BACKENDS:
         q = quantizer(fmt, backend)(x)
         assert_bits_equal(q.data, elem_bits(values, fmt), f"{fmt.name} {backend} data")
         assert_bits_equal(q.scale, scale_bits(scale, fmt), f"{fmt.name} {backend} scale")
@@ -159,12 +162,17 @@ def every_bf16_up_to(top):
     return np.concatenate([v, -v])
 
 
+SWEPT = ["cpu", "xla"]  # the backends with paths of their own for bf16 / division (the reference has none)
+
+
+@pytest.mark.parametrize("backend", SWEPT)
 @pytest.mark.parametrize("fmt", [gx.MXFP8_E4M3, gx.MXFP8_E5M2, gx.MXFP4, gx.NVFP4, gx.FP8_1x128],
                          ids=["MXFP8_E4M3", "MXFP8_E5M2", "MXFP4", "NVFP4", "FP8_1x128"])
 @pytest.mark.parametrize("top", [1.0, 3.0 * 2.0 ** -100, 1.5 * 2.0 ** 100, 448.0], ids=["1", "3e-100", "1.5e100", "448"])
-def test_every_bf16_value_in_a_block_bit_exact(fmt, top):
-    """The CPU handler's bf16 paths (16-bit lanes for MX, batched block scales for all) against
-    the float64 model on every bf16 value up to a block's amax: every tie, every subnormal code.
+def test_every_bf16_value_in_a_block_bit_exact(fmt, top, backend):
+    """The CPU handler's bf16 paths (16-bit lanes for MX, batched block scales for all) and the
+    xla backend's (extended bits, division by remainder, NVFP4 thresholds) against the float64
+    model on every bf16 value up to a block's amax: every tie, every subnormal code.
     Each block holds `top` once (fixing its scale) and block-1 swept values; along the last axis
     (whole blocks) and along rows (the strided path). FP8_1x128 divides by top / 448, exact only
     for top = 448 (divisor 1): the one top at which its quotients land on E4M3's ties."""
@@ -174,14 +182,15 @@ def test_every_bf16_value_in_a_block_bit_exact(fmt, top):
     x = np.concatenate([v, np.full((len(v), 1), top, np.float32)], axis=1).astype(ml_dtypes.bfloat16)
     for axis, arr in ((-1, x), (0, np.ascontiguousarray(x.T))):
         values, scale, g = expected_quantize(arr, fmt, axis=axis)
-        q = quantizer(fmt, "cpu", axis=axis)(arr)
+        q = quantizer(fmt, backend, axis=axis)(arr)
         assert_bits_equal(q.data, elem_bits(values, fmt), f"{fmt.name} axis={axis} data")
         assert_bits_equal(q.scale, scale_bits(scale, fmt), f"{fmt.name} axis={axis} scale")
 
 
+@pytest.mark.parametrize("backend", SWEPT)
 @pytest.mark.parametrize("cols", [128, 100], ids=["whole_tiles", "partial_tiles"])
 @pytest.mark.parametrize("top", [1.0, 1.5 * 2.0**100, 448.0 * 2.0**-20], ids=["1", "1.5e100", "448e-20"])
-def test_every_bf16_value_fp8_tiles_and_per_tensor(cols, top):
+def test_every_bf16_value_fp8_tiles_and_per_tensor(cols, top, backend):
     """bf16 x FP8_128x128 and FP8_TENSOR divide on 16-bit lanes widened to fp32
     (QuantizeBf16Div: 32-element steps, then a scalar tail). Every bf16 value up to `top`, in
     rows of `cols` (100: each row's run is 3 steps and a 4-element tail) that all hold `top`, so
@@ -191,17 +200,18 @@ def test_every_bf16_value_fp8_tiles_and_per_tensor(cols, top):
     v = np.concatenate([v, np.zeros((-len(v)) % (cols - 1), np.float32)]).reshape(-1, cols - 1)
     x = np.concatenate([v, np.full((len(v), 1), top, np.float32)], axis=1).astype(ml_dtypes.bfloat16)
     values, scale, _ = expected_quantize(x, gx.FP8_128x128)
-    q = quantizer(gx.FP8_128x128, "cpu")(x)
+    q = quantizer(gx.FP8_128x128, backend)(x)
     assert_bits_equal(q.data, elem_bits(values, gx.FP8_128x128), f"FP8_128x128 cols={cols} data")
     assert_bits_equal(q.scale, scale_bits(scale, gx.FP8_128x128), f"FP8_128x128 cols={cols} scale")
     values, scale = expected_per_tensor(x[None])
-    q = per_tensor_quantizer("cpu")(x[None])
+    q = per_tensor_quantizer(backend)(x[None])
     assert_bits_equal(q.data, elem_bits(values, gx.FP8_TENSOR), f"FP8_TENSOR cols={cols} data")
     assert_bits_equal(q.scale, scale_bits(scale, gx.FP8_TENSOR), f"FP8_TENSOR cols={cols} scale")
 
 
+@pytest.mark.parametrize("backend", SWEPT)
 @pytest.mark.parametrize("log2_g", [-126, -125, -124, -123, -110, 100, 119, 120, 122])
-def test_nvfp4_bf16_every_value_at_extreme_divisors(log2_g):
+def test_nvfp4_bf16_every_value_at_extreme_divisors(log2_g, backend):
     """bf16 x NVFP4 rounds by comparing |x| with 7 per-block thresholds computed in double
     (Nvfp4Bf16Table, by the block's E4M3 scale code). Given global scales put the block divisor (E4M3 scale x g) at the
     smallest the path accepts (2^-124), below it (the division loop) and near the largest a block
@@ -209,7 +219,7 @@ def test_nvfp4_bf16_every_value_at_extreme_divisors(log2_g):
     g = np.float32(2.0**log2_g)
     # A block amax of up to ~450 x 6g (the E4M3 scale near its top), capped at bf16's largest.
     tops = [float(np.float32(min(f * 6 * float(g), 3.3e38))) for f in (0.01, 1.0, 300.0)]
-    q_of = jax.jit(lambda v: gx.quantize(v, gx.NVFP4, global_scale=g, backend="cpu"))
+    q_of = jax.jit(lambda v: gx.quantize(v, gx.NVFP4, global_scale=g, backend=backend))
     for top in tops:
         top = float(np.float32(ml_dtypes.bfloat16(top)))
         v = every_bf16_up_to(top)
@@ -225,7 +235,7 @@ def test_nvfp4_bf16_every_value_at_extreme_divisors(log2_g):
 def test_ocp_rounding_bit_exact(fmt):
     x = random_blocks(3, 2000, block_shape(fmt), np.float32)
     values, scale, _ = expected_quantize(x, fmt, rounding="ocp")
-    for backend in ("reference", "cpu"):
+    for backend in BACKENDS:
         q = quantizer(fmt, backend, rounding="ocp")(x)
         assert_bits_equal(q.data, elem_bits(values, fmt), f"{fmt.name} {backend} ocp data")
         assert_bits_equal(q.scale, scale_bits(scale, fmt), f"{fmt.name} {backend} ocp scale")
@@ -238,7 +248,7 @@ def test_partial_blocks_and_axes(fmt):
     axes = [-1] if fmt is gx.FP8_128x128 else [-1, 1]
     for axis in axes:
         values, scale, g = expected_quantize(x, fmt, axis=axis)
-        for backend in ("reference", "cpu"):
+        for backend in BACKENDS:
             q = quantizer(fmt, backend, axis=axis)(x)
             assert q.data.shape == x.shape and q.scale.shape == formats.scale_shape(x.shape, fmt, axis)
             assert_bits_equal(q.data, elem_bits(values, fmt), f"{fmt.name} axis={axis} {backend}")
@@ -261,7 +271,7 @@ def test_special_values(fmt):
         special[:128, :128] = True
     else:
         special[:2, :b] = True
-    for backend in ("reference", "cpu"):
+    for backend in BACKENDS:
         y = np.asarray(dequantizer(backend, jnp.float32)(quantizer(fmt, backend)(x)))
         assert np.isnan(y[special]).all() and not np.isnan(y[~special]).any()
         assert (y[128:, 128:] == 0).all() and (y[~special] != 0).sum() == (x[~special] != 0).sum()
@@ -270,7 +280,7 @@ def test_special_values(fmt):
 def test_nvfp4_global_scale_given_and_invalid():
     x = np.linspace(-3, 3, 64, dtype=np.float32).reshape(2, 32)
     values, scale, _ = expected_quantize(x, gx.NVFP4, g=0.01)
-    for backend in ("reference", "cpu"):
+    for backend in BACKENDS:
         f = jax.jit(functools.partial(lambda v, g, b: gx.quantize(v, gx.NVFP4, global_scale=g, backend=b), b=backend))
         q = f(x, np.float32(0.01))
         assert_bits_equal(q.data, elem_bits(values, gx.NVFP4), f"nvfp4 g=0.01 {backend}")
@@ -298,7 +308,7 @@ def test_round_trip_error_bound(fmt):
     assert (np.abs(y - x) <= bound).all()
 
 
-@pytest.mark.parametrize("backend", ["reference", "cpu"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_jit_vmap_and_pytree(backend):
     """vmap == a loop of single calls, bit for bit; NVFP4 gets one global scale per example."""
     x = np.random.default_rng(2).standard_normal((3, 4, 64)).astype(np.float32)
@@ -406,7 +416,7 @@ def per_tensor_quantizer(backend):
     return jax.jit(jax.vmap(lambda v: gx.quantize(v, gx.FP8_TENSOR, backend=backend)))
 
 
-@pytest.mark.parametrize("backend", ["reference", "cpu"])
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16", "float16"])
 def test_per_tensor_bit_exact_10k_tensors(backend, dtype):
     """10,000 small tensors with their own binary exponents, specials included (a NaN or Inf
@@ -423,7 +433,7 @@ def test_per_tensor_bit_exact_10k_tensors(backend, dtype):
     assert_bits_equal(y, as_bits(expected), f"FP8_TENSOR {backend} dequantized")
 
 
-@pytest.mark.parametrize("backend", ["reference", "cpu"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_per_tensor_one_scale_for_any_shape_and_axis(backend):
     x = (np.random.default_rng(8).standard_normal((3, 150, 131)) * 10).astype(np.float32)
     values, scale = expected_per_tensor(x[None])
@@ -437,7 +447,7 @@ def test_per_tensor_one_scale_for_any_shape_and_axis(backend):
     assert (np.abs(y - x) <= amax * 2.0 ** -4).all()  # half an E4M3 ulp at the top binade (docs/formats.md)
 
 
-@pytest.mark.parametrize("backend", ["reference", "cpu"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_per_tensor_specials_and_empty(backend):
     x = np.ones((4, 8), np.float32)
     x[2, 5] = np.inf
@@ -452,7 +462,7 @@ def test_per_tensor_specials_and_empty(backend):
     np.testing.assert_array_equal(np.asarray(ev.scale), np.ones(3, np.float32))
 
 
-@pytest.mark.parametrize("backend", ["reference", "cpu"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_per_tensor_vmapped_dequantizes_outside_vmap(backend):
     """Quantized under (nested) vmap, the scale holds the leading batch dims ((B,) or (B1, B2));
     dequantizing the whole batch at once must equal dequantizing each example on its own."""
