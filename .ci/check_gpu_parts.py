@@ -7,7 +7,8 @@ import glob
 import os
 
 import jax_gpuext
-from jax_gpuext import _ext, gates
+from jax_gpuext.common import extension as _ext
+from jax_gpuext.common import gates
 
 assert "site-packages" in jax_gpuext.__file__, f"not the installed package: {jax_gpuext.__file__}"
 for gate, what in (("cuda_extension", "the CUDA extension"), ("cublaslt_dot_built", "the cuBLASLt block-scaled dot"),

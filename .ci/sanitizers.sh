@@ -42,8 +42,8 @@ log=$(mktemp)
 # instrumented, so only our module's accesses (and interposed malloc/free) are checked.
 ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=1:verify_asan_link_order=0:allocator_may_return_null=1 \
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 LD_PRELOAD="$libs" \
-  .venv-asan/bin/pytest -q -p no:cacheprovider tests/test_formats.py tests/test_memory.py tests/test_allreduce.py \
-  tests/test_handler_size_checks.py tests/fuzz 2>&1 | tee "$log"
+  .venv-asan/bin/pytest -q -p no:cacheprovider tests/formats/test_formats.py tests/memory/test_memory.py tests/collectives/test_allreduce.py \
+  tests/common/test_handler_size_checks.py tests/fuzz 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 if grep -qE "ERROR: AddressSanitizer|runtime error:|SUMMARY: (Address|UndefinedBehavior)Sanitizer" "$log"; then
   echo "FAILED: sanitizer reports above" >&2; exit 1

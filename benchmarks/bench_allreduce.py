@@ -32,7 +32,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.max_bytes = min(args.max_bytes, 1 << 20)
-    from jax_gpuext import gates
+    from jax_gpuext.common import gates
 
     r = gates.check_all(["cuda_extension", "cuda_device", "nvshmem", "nvshmem_allreduce_module"])
     if not r.supported:

@@ -89,7 +89,7 @@ def quantize_rows(x, iters: int):
     import jax.numpy as jnp
 
     import jax_gpuext as gx
-    from jax_gpuext import backends
+    from jax_gpuext.common import backends
 
     double = jax.jit(lambda v: v * 2)
     rows = []
@@ -130,8 +130,8 @@ def dot_rows(n: int, iters: int):
     import jax.numpy as jnp
 
     import jax_gpuext as gx
-    from jax_gpuext import backends
-    from jax_gpuext import dot as dot_mod
+    from jax_gpuext.common import backends
+    from jax_gpuext.dot import common as dot_mod
 
     kx, kw = jax.random.split(jax.random.key(2))
     x = jax.random.normal(kx, (n, n), jnp.float32)
@@ -252,7 +252,7 @@ def main(argv=None) -> int:
     import jax.numpy as jnp
 
     try:
-        from jax_gpuext import gates
+        from jax_gpuext.common import gates
     except ImportError as e:
         print(f"bench_cpu: needs jax_gpuext installed ({e}); refusing to run", file=sys.stderr)
         return 2

@@ -22,7 +22,8 @@ import jax
 import jax.numpy as jnp
 
 import jax_gpuext as gx
-from jax_gpuext import backends, gates
+from jax_gpuext.common import backends
+from jax_gpuext.common import gates
 
 MS = (128, 2048, 8192)
 NK = ((4096, 4096), (14336, 4096), (4096, 14336), (28672, 8192), (8192, 28672))

@@ -25,8 +25,10 @@ import time
 import jax
 import jax.numpy as jnp
 
-from jax_gpuext import formats, gates, hopper_mx
 from jax_gpuext import dot as bsd
+from jax_gpuext import formats
+from jax_gpuext.common import gates
+from jax_gpuext.dot import hopper_mx
 
 FP8_DENSE_TFLOPS = 1979.0  # H100 SXM spec, dense
 HBM_TBPS = 3.35

@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     import jax.numpy as jnp
 
     import jax_gpuext as gx
-    from jax_gpuext import gates
+    from jax_gpuext.common import gates
 
     ok = gates.check_all(["cuda_extension", "cuda_device"])
     if not ok:

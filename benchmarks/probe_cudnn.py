@@ -32,7 +32,9 @@ def main(argv=None) -> int:
     import jax.numpy as jnp
 
     import jax_gpuext as gx
-    from jax_gpuext import _libs, dot_cudnn, gates
+    from jax_gpuext.common import gates
+    from jax_gpuext.common import libs as _libs
+    from jax_gpuext.dot import cudnn as dot_cudnn
 
     ok = gates.check_all(["cuda_extension", "cuda_device", "cudnn_dot_built"])
     if not ok:

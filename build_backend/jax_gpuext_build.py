@@ -33,7 +33,7 @@ from scikit_build_core.build import get_requires_for_build_wheel as _skbuild_req
 # Per CUDA major version: part -> requirements. Versions (docs/design.md, same section):
 # - cublas >= 12.9 on cu12: csrc/dot/cublaslt_block_scaled.cc uses the 12.9 blockwise-FP8 scale modes.
 # - nvshmem pinned: _nvshmem refuses a host library with an older minor than it was built against
-#   (jax_gpuext/distributed.py), so the build uses a fixed, tested version rather than the newest.
+#   (jax_gpuext/collectives/distributed.py), so the build uses a fixed, tested version rather than the newest.
 # - cudnn-frontend < 1.29: from 1.29 its wheel requires nvidia-cutlass-dsl, cuda-bindings and more
 #   (hundreds of MB for its Python DSL); we only need its headers, identical in kind in 1.28.
 _FRONTEND = "nvidia-cudnn-frontend>=1.13,<1.29"

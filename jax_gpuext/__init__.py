@@ -3,15 +3,24 @@ placement for JAX, as XLA FFI custom calls with a CPU path for every op.
 
 Importing this package never fails because a GPU, a GPU library or the CUDA extension is
 missing: those are reported by :func:`capabilities` and the gates in :mod:`jax_gpuext.gates`.
+
+One subpackage per capability (``formats``, ``dot``, ``collectives``, ``memory``, ``checkpoints``)
+and ``common`` for the plumbing they share (docs/design.md, "Where things are"). This module is
+the composition root: it imports every capability, so each op's backends and each capability's
+report section are registered before any submodule can be used. The old flat module names
+(``jax_gpuext.dot_xla``, ``jax_gpuext._ext``, ...) resolve to their new homes (common/legacy.py).
 """
 
-from jax_gpuext import distributed, gates
-from jax_gpuext.backends import Backend, Selection
-from jax_gpuext.capabilities import capabilities
-from jax_gpuext.collectives import all_reduce
+import sys as _sys
+
+from jax_gpuext.collectives import all_reduce, distributed
+from jax_gpuext.common import gates
+from jax_gpuext.common import legacy as _legacy
+from jax_gpuext.common.backends import Backend, Selection
+from jax_gpuext.common.capabilities import capabilities
+from jax_gpuext.common.errors import UnsupportedError
+from jax_gpuext.common.explain import Explanation, explain
 from jax_gpuext.dot import block_scaled_dot, scaled_dot_general
-from jax_gpuext.errors import UnsupportedError
-from jax_gpuext.explain import Explanation, explain
 from jax_gpuext.formats import (
     FP8_1x128,
     FP8_128x128,
@@ -59,3 +68,11 @@ __all__ = [
     "to_blackwell_scale_layout",
     "UnsupportedError",
 ]
+
+
+def __getattr__(name: str):
+    # jax_gpuext.<old module name> used without importing it first (jax_gpuext._ext, ...)
+    return _legacy.package_getattr(name)
+
+
+_legacy.install(_sys.modules[__name__])

@@ -22,15 +22,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "info":
-        from jax_gpuext.capabilities import capabilities, format_table
+        from jax_gpuext.common.capabilities import capabilities, format_table
 
         report = capabilities()
         print(json.dumps(report, indent=2) if args.json else format_table(report))
     elif args.command == "gates":
-        from jax_gpuext.capabilities import backends_markdown, capabilities, gates_markdown
+        from jax_gpuext.common.capabilities import backends_markdown, capabilities, gates_markdown
 
         if args.verified:
-            from jax_gpuext import verified
+            from jax_gpuext.common import verified
 
             print(verified.markdown())
         elif args.backends:

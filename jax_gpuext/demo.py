@@ -11,7 +11,7 @@ def _section(title: str) -> None:
 
 
 def run() -> int:
-    from jax_gpuext.capabilities import capabilities, format_table
+    from jax_gpuext.common.capabilities import capabilities, format_table
 
     _section("capabilities")
     print(format_table(capabilities()))

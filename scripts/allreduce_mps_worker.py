@@ -38,7 +38,7 @@ def main() -> int:
 
     # Every rank drives the one GPU: no auto-detected cluster environment may assign another.
     jax.distributed.initialize(f"localhost:{args.port}", args.nproc, args.rank, local_device_ids=[0])
-    from jax_gpuext import distributed
+    from jax_gpuext.collectives import distributed
 
     try:
         info = distributed.initialize(workspace_bytes=1 << 20)
@@ -74,7 +74,7 @@ def _shard_jit(body, mesh, n_in: int, n_out: int):
 def _compile_and_meet(f, args, barrier: str):
     """Compiles, then waits for every rank: the kernels' deadlines then time the peers' calls,
     not how much longer their compilation took."""
-    from jax_gpuext import distributed
+    from jax_gpuext.collectives import distributed
 
     compiled = f.lower(*args).compile()
     distributed._jax_distributed_client().wait_at_barrier(barrier, 300_000)

@@ -38,7 +38,7 @@ bound() {
 }
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_GPUEXT_REQUIRE_GPU=1
 # The tests must exercise every GPU backend, verified or not: `auto` takes unverified ones here
-# (jax_gpuext/verified.py). The junit files record which backend each test verifies, and the
+# (jax_gpuext/common/verified.py). The junit files record which backend each test verifies, and the
 # results carry the build's source fingerprints; scripts/update_verified.py turns them into the record.
 TEST_ENV=(JAX_GPUEXT_ALLOW_UNVERIFIED=1)
 
@@ -83,8 +83,8 @@ run_tests() {
 status=0
 if [ "$ONLY" != bench ]; then
   echo "=== GPU tests (closed gates fail under JAX_GPUEXT_REQUIRE_GPU=1, architecture gates skip)"
-  run_tests main "${TEST_TIMEOUT_S:-300}" "$PWD/tests" --ignore="$PWD/tests/test_hopper_mx.py"
-  run_tests hopper_mx "${HOPPER_TEST_TIMEOUT_S:-150}" "$PWD/tests/test_hopper_mx.py"
+  run_tests main "${TEST_TIMEOUT_S:-300}" "$PWD/tests" --ignore="$PWD/tests/dot/test_hopper_mx.py"
+  run_tests hopper_mx "${HOPPER_TEST_TIMEOUT_S:-150}" "$PWD/tests/dot/test_hopper_mx.py"
   # pytest's exit status, not the junit file: one interrupted at its bound (a hang) still writes one
   HOPPER_MX_OK=$([ "$group_rc" = 0 ] && echo 1 || echo 0)
   if command -v compute-sanitizer >/dev/null 2>&1 && [ -f tests/sanitizer_targets.txt ]; then

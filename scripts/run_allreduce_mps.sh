@@ -10,7 +10,7 @@
 # Exit status 3 (ENV_EXIT) with a line "ENVIRONMENT: <why>" on stderr: this machine cannot run the
 # ranks (no MPS control binary, an MPS daemon that does not answer, NVSHMEM without full
 # multi-process-per-GPU support), as distinct from a failure of our code; write_results.py and
-# tests/test_allreduce.py report it as such.
+# tests/collectives/test_allreduce.py report it as such.
 set -euo pipefail
 ENV_EXIT=3
 env_fail() { echo "ENVIRONMENT: $*" >&2; exit "$ENV_EXIT"; }

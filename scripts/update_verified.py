@@ -1,10 +1,10 @@
 """Regenerates the verification record and its generated views from the committed GPU results.
 
-    python scripts/update_verified.py            # write jax_gpuext/verified.json, docs/gates.md, README.md
+    python scripts/update_verified.py            # write jax_gpuext/common/verified.json, docs/gates.md, README.md
     python scripts/update_verified.py --check    # exit 1 if any of them is not what the results give
     python scripts/update_verified.py --fingerprints   # this tree's source fingerprints (JSON)
 
-The record is never written by hand: it is ``jax_gpuext.verified.build_record`` over
+The record is never written by hand: it is ``jax_gpuext.common.verified.build_record`` over
 ``benchmarks/results/*.json`` (each written by scripts/gpu_run.sh). The generated views are the
 "What is verified" table of docs/gates.md and the README's status paragraph, between
 ``<!-- verified:begin -->`` / ``<!-- verified:end -->`` markers.
@@ -25,7 +25,7 @@ import re
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-RECORD = ROOT / "jax_gpuext" / "verified.json"
+RECORD = ROOT / "jax_gpuext" / "common" / "verified.json"
 BEGIN, END = "<!-- verified:begin -->", "<!-- verified:end -->"
 
 
@@ -67,10 +67,10 @@ def replace_block(text: str, body: str, where: str) -> str:
 
 def generated(root: pathlib.Path = ROOT) -> dict[pathlib.Path, str]:
     """Every file this script writes, with its content as the committed results give it."""
-    from jax_gpuext import verified
+    from jax_gpuext.common import verified
 
     record = verified.build_record(load_results(root))
-    out = {root / "jax_gpuext" / "verified.json": json.dumps(record, indent=2) + "\n"}
+    out = {root / "jax_gpuext" / "common" / "verified.json": json.dumps(record, indent=2) + "\n"}
     for rel, body in (("docs/gates.md", verified.markdown(record)), ("README.md", verified.summary(record))):
         path = root / rel
         if path.exists():

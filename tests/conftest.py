@@ -6,7 +6,7 @@
   GPU run cannot pass by skipping its GPU tests, unless only architecture gates are closed (a
   Blackwell test on an H100 still skips, with the reason in the report).
 - ``@pytest.mark.verifies("block_scaled_dot.{backend}", mode="plain")`` names the components of
-  the verification record (``jax_gpuext.verified``) a GPU test exercises; ``{param}`` is filled
+  the verification record (``jax_gpuext.common.verified``) a GPU test exercises; ``{param}`` is filled
   from the test's parameters and keyword arguments restrict the marker to parameter values. The
   names go to the junit file (a ``verifies`` property per test, and ``verifies_collected`` for the
   whole group), from which ``scripts/write_results.py`` and ``scripts/update_verified.py`` build
@@ -28,7 +28,7 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 import pytest
 
 import jax_gpuext
-from jax_gpuext import gates
+from jax_gpuext.common import gates
 
 REQUIRE_GPU = os.environ.get("JAX_GPUEXT_REQUIRE_GPU", "") not in ("", "0")
 # Gates a GPU run cannot open by installing anything: the GPU in the machine is another

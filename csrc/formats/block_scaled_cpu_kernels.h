@@ -13,7 +13,7 @@
 //    unbounded-exponent RN of block_scaled_math.h whenever its result is a normal fp32. Each block
 //    checks, from its scale alone, that every result that can matter is normal (kQuantMinScaleK,
 //    DequantFastScale); blocks that fail (tiny or huge scales, NaN/Inf) run the scalar rules of
-//    block_scaled_math.h element by element. tests/test_formats.py covers both sides.
+//    block_scaled_math.h element by element. tests/formats/test_formats.py covers both sides.
 #pragma once
 
 #include <cstdint>
@@ -403,7 +403,7 @@ inline uint8_t QuantizeBf16Pow2(uint16_t bits, int16_t kshift, uint16_t& slow) {
 // a >= d_i with d_i = bound_i * p: 25 times 24 significant bits, exact in double. And d_i is
 // never a bf16 value (bound_i is an odd integer of 25 bits times a power of two, so d_i has at
 // least 25 significant bits), so both read a > U_i with U_i the largest bf16 below d_i.
-// No FTZ/DAZ concern: every d_i is a normal double. tests/test_formats.py sweeps every bf16
+// No FTZ/DAZ concern: every d_i is a normal double. tests/formats/test_formats.py sweeps every bf16
 // value of a block at the smallest and largest divisors the path takes.
 inline constexpr double kNvfp4Bounds[7] = {0.25 + 0x1p-26, 0.75 - 0x1p-25, 1.25 + 0x1p-24, 1.75 - 0x1p-24,
                                            2.5 + 0x1p-23,  3.5 - 0x1p-23,  5.0 + 0x1p-22};

@@ -1,7 +1,7 @@
 // Element and scale storage shared by the CPU loops and the CUDA kernels.
 // FP4 packing lives here and only here: unpacked = one E2M1 code per byte (low nibble);
 // packed = element 2i in the low nibble and 2i+1 in the high nibble of byte i
-// (tests/test_formats_gpu.py::test_float4_buffer_layout checks which one XLA hands us).
+// (tests/formats/test_formats_gpu.py::test_float4_buffer_layout checks which one XLA hands us).
 #pragma once
 
 #include <cstdint>

@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(128 * (kConsumers + 1), 1)
         // ldexp-style exponent arithmetic adds integer work per accumulator in this, the hot loop.
         // NVFP4 (E4M3 scales, E2M1 partials) is exact too unless a global scale was folded into
         // the scales (24-bit mantissas): then part * sa rounds once more (<= 2^-24 relative).
-        // tests/test_hopper_mx.py checks these bounds on a CPU model of the two instructions.
+        // tests/dot/test_hopper_mx.py checks these bounds on a CPU model of the two instructions.
         const float sa0 = sa[j * kBlockM + row0];
         const float sa1 = sa[j * kBlockM + row0 + 8];
         const float2* sb2 = reinterpret_cast<const float2*>(sb + j * kBlockN) + quad;

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import os
+import pathlib
 import pickle
 import struct
 import sys
@@ -24,7 +25,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import Mesh, PartitionSpec as P  # noqa: E402
 
 import jax_gpuext as gx  # noqa: E402
-from jax_gpuext import _ext  # noqa: E402
+from jax_gpuext.common import extension as _ext  # noqa: E402
 
 HEADER = struct.Struct("<Q")
 
@@ -132,8 +133,43 @@ def registrations():
     return sorted(_ext.module("cpu").registrations())
 
 
+# --------------------------------------------------------------------------- checkpoint files
+def read_checkpoint(path, then=None):
+    """jax_gpuext's reader of a checkpoint file (``ours``) and what the file must give
+    (``expected``, tests/_safetensors_files.py: safetensors' own reader for .safetensors; for .npz,
+    np.load, asked only once ours loaded, so its sizes are known to be sane). Both run here: a
+    crash in either is a finding, not the end of the test run.
+
+    ``then``: after reading, "rewrite" (write_safetensors over the file) or "truncate" it (in
+    place), then touch every array again: an array still backed by the file would change, or die
+    of SIGBUS, here. ``unchanged`` says whether every array kept its bytes."""
+    if str(pathlib.Path(__file__).parents[1]) not in sys.path:
+        sys.path.insert(0, str(pathlib.Path(__file__).parents[1]))
+    import _safetensors_files as sf
+    from jax_gpuext import checkpoints
+
+    with open(path, "rb") as f:
+        blob = f.read()
+    ours = attempt(lambda: checkpoints.read_tensors(path))
+    out = {"ours": ours}
+    if path.endswith(".safetensors"):
+        out["expected"] = sf.expected(blob)
+        out["metadata"] = attempt(lambda: checkpoints.read_safetensors_metadata(path))
+    elif ours[0] == "ok":
+        out["expected"] = attempt(lambda: dict(np.load(path, allow_pickle=False)))
+    if then and ours[0] == "ok":
+        before = {k: v.tobytes() for k, v in ours[1].items()}
+        if then == "rewrite":
+            checkpoints.write_safetensors(path, {"other": np.arange(3, dtype=np.float32)})
+        else:
+            with open(path, "r+b") as f:
+                f.truncate(0)
+        out["unchanged"] = all(v.tobytes() == before[k] for k, v in ours[1].items())
+    return out
+
+
 KINDS = {f.__name__: f for f in (quantize, dequantize_parts, block_scaled_dot, scaled_dot_general, place,
-                                 all_reduce, ffi_call, registrations)}
+                                 all_reduce, ffi_call, registrations, read_checkpoint)}
 
 
 def main():

@@ -1,0 +1,337 @@
+"""What ``block_scaled_dot`` and its backends share: the format facts a dot needs
+(:class:`FormatInfo`), the validated problem handed to every backend (:class:`DotProblem`, built
+and checked by ``_problem``), the reference math (the definition: dequantize, ``lax.dot_general``
+in float32, global scales on the accumulator), the canonical form, and the codes and packing the
+GPU handlers read.
+
+Canonical form. GPU backends see ``lhs (B, M, K)`` and ``rhs (B, N, K)``, both contiguous in K
+("TN", the only FP8 layout cuBLASLt supports), built here by transposing and collapsing the
+batch / free dimensions of the ``dot_general`` dimension numbers. The reference backend works on
+the original layout.
+
+Imports only ``jax_gpuext.common`` and ``jax_gpuext.formats``: the backends import this module,
+and the op (``dot.block_scaled_dot``) imports the backends, never the reverse.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jax_gpuext import formats
+from jax_gpuext.formats.quantize import _broadcast_leading
+
+OP = "block_scaled_dot"
+_OUT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+# --------------------------------------------------------------------------- format facts
+@dataclasses.dataclass(frozen=True)
+class FormatInfo:
+    """What this module needs to know of a ``formats.BlockFormat``."""
+
+    name: str
+    family: str  # "mx", "nvfp4", "fp8_block", "fp8_tensor": operands of one dot must share a family
+    element_dtype: Any
+    scale_dtype: Any
+    block: int  # block length along the contracting axis (0: FP8_TENSOR, one scale for all)
+    two_d: bool  # FP8_128x128: 128x128 blocks over the last two axes
+    per_tensor: bool = False  # FP8_TENSOR
+
+
+def format_info(fmt) -> FormatInfo:
+    """Family, dtypes and block of ``fmt`` (a ``formats.BlockFormat`` or its name)."""
+    if isinstance(fmt, str) and fmt in formats.FORMATS:
+        fmt = formats.FORMATS[fmt]
+    if not isinstance(fmt, formats.BlockFormat):
+        raise TypeError(f"expected a jax_gpuext.BlockFormat (one of {sorted(formats.FORMATS)}), got {fmt!r}")
+    if fmt.per_tensor:
+        return FormatInfo(fmt.name, "fp8_tensor", jnp.dtype(fmt.elem_dtype), jnp.dtype(fmt.scale_dtype), 0,
+                          False, per_tensor=True)
+    family = "mx" if fmt.is_mx else ("nvfp4" if fmt.has_global_scale else "fp8_block")
+    return FormatInfo(fmt.name, family, jnp.dtype(fmt.elem_dtype), jnp.dtype(fmt.scale_dtype), fmt.block[-1],
+                      len(fmt.block) == 2)
+
+
+def mx_fp4_operand(p) -> bool:
+    """Does an MX-family dot have an MXFP4 (E2M1) operand? The library handlers tie E2M1 to NVFP4."""
+    e2m1 = jnp.dtype(jnp.float4_e2m1fn)
+    return p.lhs_format.family == "mx" and e2m1 in (p.lhs_format.element_dtype, p.rhs_format.element_dtype)
+
+
+def _is_bsa(x) -> bool:
+    return isinstance(x, formats.BlockScaledArray)
+
+
+def _norm_axis(axis: int, ndim: int) -> int:
+    return axis % ndim
+
+
+# --------------------------------------------------------------------------- dimension numbers
+@dataclasses.dataclass(frozen=True)
+class DotProblem:
+    """A validated block-scaled dot, handed to backends' ``supports``."""
+
+    lhs_shape: tuple[int, ...]
+    rhs_shape: tuple[int, ...]
+    lhs_format: FormatInfo
+    rhs_format: FormatInfo
+    lhs_contract: int
+    rhs_contract: int
+    lhs_batch: tuple[int, ...]
+    rhs_batch: tuple[int, ...]
+    out_dtype: Any
+    has_global_scale: bool
+    # An NVFP4 global scale has leading batch dims (quantized under vmap, used outside it): one
+    # value per batch entry, which a backend taking one alpha per call cannot apply.
+    batched_global_scale: bool = False
+
+    @property
+    def lhs_free(self) -> tuple[int, ...]:
+        return tuple(d for d in range(len(self.lhs_shape)) if d != self.lhs_contract and d not in self.lhs_batch)
+
+    @property
+    def rhs_free(self) -> tuple[int, ...]:
+        return tuple(d for d in range(len(self.rhs_shape)) if d != self.rhs_contract and d not in self.rhs_batch)
+
+    @property
+    def bmnk(self) -> tuple[int, int, int, int]:
+        b = math.prod(self.lhs_shape[d] for d in self.lhs_batch)
+        m = math.prod(self.lhs_shape[d] for d in self.lhs_free)
+        n = math.prod(self.rhs_shape[d] for d in self.rhs_free)
+        return b, m, n, self.lhs_shape[self.lhs_contract]
+
+    def describe(self) -> str:
+        b, m, n, k = self.bmnk
+        return (f"{self.lhs_format.name} x {self.rhs_format.name}, B={b} M={m} N={n} K={k}, "
+                f"out {jnp.dtype(self.out_dtype).name}")
+
+
+def _dims(dims, name: str, ndim: int, what: str, dimension_numbers) -> tuple[int, ...]:
+    """One list of dimension numbers: ints (a bare int counts as one), each in [0, ndim), as
+    lax.dot_general requires (no negative indices, no floats)."""
+    if isinstance(dims, (int, np.integer)) and not isinstance(dims, bool):
+        dims = (dims,)
+    if isinstance(dims, np.ndarray):
+        dims = dims.tolist()
+    if not isinstance(dims, (tuple, list)) or any(isinstance(d, bool) or not isinstance(d, (int, np.integer))
+                                                  for d in dims):
+        raise TypeError(f"{what}: {name} dimensions must be a tuple of ints, got {dims!r} in dimension_numbers "
+                        f"{dimension_numbers!r}")
+    if any(not 0 <= d < ndim for d in dims):
+        raise ValueError(f"{what}: {name} dimensions {tuple(dims)} must be in [0, {ndim}) (the {name.split()[0]} "
+                         f"operand has rank {ndim}; negative indices are refused as by lax.dot_general)")
+    return tuple(int(d) for d in dims)
+
+
+def _parse_dimension_numbers(dimension_numbers, lhs_ndim, rhs_ndim, what):
+    """``((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch))`` checked as lax.dot_general
+    checks it: TypeError for a wrong structure or non-int entries, ValueError for bad values."""
+    def pair(x):
+        return isinstance(x, (tuple, list)) and len(x) == 2
+
+    if not pair(dimension_numbers) or not all(pair(x) for x in dimension_numbers):
+        raise TypeError(f"{what}: dimension_numbers must be ((lhs_contracting, rhs_contracting), "
+                        f"(lhs_batch, rhs_batch)) as for jax.lax.dot_general, got {dimension_numbers!r}")
+    (lc, rc), (lb, rb) = dimension_numbers
+    lc, lb = (_dims(d, n, lhs_ndim, what, dimension_numbers) for d, n in ((lc, "lhs contracting"), (lb, "lhs batch")))
+    rc, rb = (_dims(d, n, rhs_ndim, what, dimension_numbers) for d, n in ((rc, "rhs contracting"), (rb, "rhs batch")))
+    if len(set(lc + lb)) != len(lc + lb) or len(set(rc + rb)) != len(rc + rb):
+        raise ValueError(f"{what}: a dimension appears twice in dimension_numbers {dimension_numbers!r}")
+    if len(lb) != len(rb) or len(lc) != len(rc):
+        raise ValueError(f"{what}: lhs and rhs must name as many contracting and batch dimensions, "
+                         f"got {dimension_numbers!r}")
+    return lc, rc, lb, rb
+
+
+def _check_out_dtype(dtype, what):
+    return formats.float_dtype(dtype, _OUT_DTYPES, what, "preferred_element_type")
+
+
+def _problem(lhs, rhs, dimension_numbers, out_dtype) -> DotProblem:
+    what = "block_scaled_dot"
+    for name, x in (("lhs", lhs), ("rhs", rhs)):
+        if not _is_bsa(x):
+            raise TypeError(f"{what}: {name} must be a jax_gpuext.BlockScaledArray (from jax_gpuext.quantize), "
+                            f"got {type(x).__name__}; use scaled_dot_general for high-precision inputs")
+        x.check(f"{what}: {name}")
+    lf, rf = format_info(lhs.format), format_info(rhs.format)
+    ls, rs = tuple(lhs.data.shape), tuple(rhs.data.shape)
+    la, ra = _norm_axis(lhs.axis, len(ls)), _norm_axis(rhs.axis, len(rs))
+    if dimension_numbers is None:
+        dimension_numbers = (((la,), (ra,)), ((), ()))
+    lc, rc, lb, rb = _parse_dimension_numbers(dimension_numbers, len(ls), len(rs), what)
+    if len(lc) != 1:
+        raise ValueError(f"{what}: exactly one contracting dimension per operand is supported (the quantized "
+                         f"axis), got {dimension_numbers!r} for lhs {ls}, rhs {rs}")
+    if lf.family != rf.family:
+        raise ValueError(f"{what}: formats {lf.name} (lhs) and {rf.name} (rhs) cannot be mixed; both operands "
+                         "must be MX (MXFP8 E4M3/E5M2, MXFP4: any pairing), both NVFP4, both FP8 blockwise (1x128/128x128), or both "
+                         "FP8_TENSOR")
+    for name, f, shape, c, batch, axis in (("lhs", lf, ls, lc[0], lb, la), ("rhs", rf, rs, rc[0], rb, ra)):
+        if f.two_d:
+            if c not in (len(shape) - 1, len(shape) - 2):
+                raise ValueError(f"{what}: {name} is {f.name} (128x128 blocks over its last two axes), so it must "
+                                 f"contract one of them, not axis {c} of shape {shape}")
+            if len(shape) - 2 != len(batch):
+                raise ValueError(f"{what}: {name} is {f.name}: every axis before the last two must be a batch "
+                                 f"dimension; shape {shape} has batch dims {batch}")
+        elif c != axis and not f.per_tensor:  # one FP8_TENSOR scale covers every axis
+            raise ValueError(f"{what}: {name} is quantized along axis {axis} but dimension_numbers contract "
+                             f"axis {c} (shape {shape}); quantize along the contracting axis")
+    if ls[lc[0]] != rs[rc[0]]:
+        raise ValueError(f"{what}: contracting sizes differ: lhs {ls} axis {lc[0]} vs rhs {rs} axis {rc[0]}")
+    if [ls[d] for d in lb] != [rs[d] for d in rb]:
+        raise ValueError(f"{what}: batch sizes differ: lhs {ls} dims {lb} vs rhs {rs} dims {rb}")
+    batched_global = False
+    for name, q, f, batch in (("lhs", lhs, lf, lb), ("rhs", rhs, rf, rb)):
+        batched_global |= "global_scale" in _check_leading_dims(q, f, batch, name, what)
+    has_gs = lhs.global_scale is not None or rhs.global_scale is not None
+    return DotProblem(ls, rs, lf, rf, lc[0], rc[0], lb, rb, out_dtype, has_gs, batched_global)
+
+
+def _per_tensor_values(q, f: FormatInfo):
+    """(what, value) of each per-tensor value of ``q``: FP8_TENSOR's scale, NVFP4's global scale."""
+    found = [("scale", q.scale)] if f.per_tensor else []
+    if q.global_scale is not None:
+        found.append(("global_scale", jnp.asarray(q.global_scale)))
+    return found
+
+
+def _check_leading_dims(q, f: FormatInfo, batch: tuple[int, ...], name: str, what: str) -> set[str]:
+    """A per-tensor value with leading dims (quantized under vmap, used outside it) gives one
+    value per entry of those axes; they must be the operand's first batch dimensions, in order,
+    so each value scales exactly the batch entries it was computed from. Returns the names of
+    the values that have leading dims."""
+    batched = set()
+    for label, v in _per_tensor_values(q, f):
+        r = v.ndim
+        if r == 0:
+            continue
+        if tuple(v.shape) != tuple(q.data.shape[:r]):
+            raise TypeError(f"{what}: {name}'s {label} has shape {list(v.shape)}; a per-tensor value is a scalar, "
+                            f"or has the leading dims of the data {list(q.data.shape[:r])} (quantized under vmap)")
+        if tuple(batch[:r]) != tuple(range(r)):
+            raise ValueError(f"{what}: {name}'s {label} has one value per entry of axes {list(range(r))} "
+                             f"(shape {list(v.shape)}, quantized under vmap), so those axes must be its first "
+                             f"batch dimensions, in order; dimension_numbers give batch dims {list(batch)}")
+        batched.add(label)
+    return batched
+
+
+# --------------------------------------------------------------------------- reference
+def _expanded_scale(q, f: FormatInfo) -> jax.Array:
+    """The block scales broadcast to the data's shape, in float32 (exact: E8M0/E4M3/fp32 -> fp32)."""
+    s = q.scale.astype(jnp.float32)
+    if f.per_tensor:
+        return _broadcast_leading(s, q.data.ndim)  # a scalar, or one per leading batch entry
+    shape = q.data.shape
+    axes = (len(shape) - 2, len(shape) - 1) if f.two_d else (_norm_axis(q.axis, len(shape)),)
+    for ax in axes:
+        s = jnp.repeat(s, f.block, axis=ax)[(slice(None),) * ax + (slice(0, shape[ax]),)]
+    return s
+
+
+def _global(q, ndim: int = 0) -> jax.Array:
+    """The global scale (1 without one), shaped to broadcast against rank ``ndim`` from the
+    left: its leading dims are the first batch dims, which lead dot_general's output too."""
+    if q.global_scale is None:
+        return jnp.float32(1)
+    return _broadcast_leading(jnp.asarray(q.global_scale, jnp.float32), ndim)
+
+
+def _reference(lhs, rhs, p: DotProblem) -> jax.Array:
+    dl = lhs.data.astype(jnp.float32) * _expanded_scale(lhs, p.lhs_format)
+    dr = rhs.data.astype(jnp.float32) * _expanded_scale(rhs, p.rhs_format)
+    dn = (((p.lhs_contract,), (p.rhs_contract,)), (p.lhs_batch, p.rhs_batch))
+    acc = lax.dot_general(dl, dr, dn, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+    # Global scales multiply the fp32 accumulator once, as the math above states (not each element).
+    return (acc * (_global(lhs, acc.ndim) * _global(rhs, acc.ndim))).astype(p.out_dtype)
+
+
+# --------------------------------------------------------------------------- canonical form
+def to_canonical(q, contract: int, batch: tuple[int, ...]):
+    """(data, scale) of ``q`` transposed/collapsed to ``(B, X, K)`` and ``(B, X, K/blk)``.
+
+    Free dimensions are collapsed into X. For FP8_128x128 the validation guaranteed that the
+    two last axes are (free, contract) in some order, so the 2-D blocks survive. FP8_TENSOR's
+    scale becomes ``(B, 1, 1)``: one value for every batch, or each batch entry's own where the
+    scale has leading (batch) dims.
+    """
+    nd = q.data.ndim
+    free = tuple(d for d in range(nd) if d != contract and d not in batch)
+    perm = tuple(batch) + free + (contract,)
+    data = jnp.transpose(q.data, perm)
+    b = math.prod(q.data.shape[d] for d in batch)
+    x = math.prod(q.data.shape[d] for d in free)
+    data = data.reshape(b, x, q.data.shape[contract])
+    if q.format.per_tensor:
+        return data, per_batch(q.scale, q.data.shape, batch).reshape(b, 1, 1)
+    scale = jnp.transpose(q.scale, perm)
+    return data, scale.reshape(b, math.prod(q.scale.shape[d] for d in free), q.scale.shape[contract])
+
+
+def from_canonical(out: jax.Array, p: DotProblem) -> jax.Array:
+    """(B, M, N) back to dot_general's output layout (batch, lhs free, rhs free)."""
+    shape = ([p.lhs_shape[d] for d in p.lhs_batch] + [p.lhs_shape[d] for d in p.lhs_free]
+             + [p.rhs_shape[d] for d in p.rhs_free])
+    return out.reshape(shape)
+
+
+def per_batch(value, data_shape, batch: tuple[int, ...]) -> jax.Array:
+    """A per-tensor value (scalar, or with leading batch dims) as float32 ``(B,)`` over the
+    canonical batch (the batch dims in dimension-number order, collapsed)."""
+    value = jnp.asarray(value, jnp.float32)
+    batch_shape = tuple(data_shape[d] for d in batch)
+    lead = value.reshape(value.shape + (1,) * (len(batch_shape) - value.ndim))
+    return jnp.broadcast_to(lead, batch_shape).reshape(-1)
+
+
+def global_alpha(lhs, rhs, p: DotProblem) -> jax.Array:
+    """gs_l * gs_r as a float32 vector of length 1 (one scalar applies to every batch). Backends
+    that take it refuse problems whose global scales are per batch (``batched_global_scale``)."""
+    return (_global(lhs) * _global(rhs)).reshape(1)
+
+
+# Codes the GPU handlers read as attributes (cuBLASLt: csrc/dot/cublaslt_block_scaled.h
+# ElementTypeOfCode / OutTypeOfCode; cuDNN: csrc/dot/cudnn_block_scaled.h CudnnElement / CudnnOut).
+OUT_CODES = {jnp.dtype(jnp.bfloat16): 0, jnp.dtype(jnp.float16): 1, jnp.dtype(jnp.float32): 2}
+
+
+def element_code(info: FormatInfo) -> int:
+    """0 E4M3, 1 E5M2, 2 E2M1 (packed two per byte by ``pack_fp4``)."""
+    return {jnp.dtype(jnp.float8_e4m3fn): 0, jnp.dtype(jnp.float8_e5m2): 1}.get(info.element_dtype, 2)
+
+
+def fold_scale_signs(data, scale):
+    """Canonical NVFP4 (B, X, K) E2M1 data and (B, X, ceil(K/16)) E4M3 scales -> the same
+    products with non-negative scales: a negative scale's sign moves into its block's elements.
+
+    For backends whose hardware reads the block scales as unsigned E4M3 (UE4M3: Blackwell
+    block-scaled MMA through cuDNN / cuBLASLt). quantize never makes a negative scale; a
+    hand-built array may, and data x scale is the definition (docs/design.md, issue 15). Exact:
+    only sign bits change; XLA fuses it into ``pack_fp4``.
+    """
+    sbits = jax.lax.bitcast_convert_type(scale, jnp.uint8)
+    block = formats.NVFP4.block[0]
+    flip = jnp.repeat(sbits >> 7, block, axis=-1)[..., : data.shape[-1]] << 3  # E2M1 sign: bit 3
+    codes = jax.lax.bitcast_convert_type(data, jnp.uint4).astype(jnp.uint8) ^ flip
+    data = jax.lax.bitcast_convert_type(codes.astype(jnp.uint4), data.dtype)
+    return data, jax.lax.bitcast_convert_type(sbits & jnp.uint8(0x7F), scale.dtype)
+
+
+def pack_fp4(data):
+    """(B, X, K) float4_e2m1fn -> (B, X, K/2) uint8, element 2i in the low nibble.
+
+    The GPU backends get FP4 packed by us rather than relying on how XLA lays out F4E2M1FN in
+    device buffers, which is unconfirmed (REFERENCE section 1).
+    """
+    codes = jax.lax.bitcast_convert_type(data, jnp.uint4).astype(jnp.uint8)
+    lo, hi = codes[..., 0::2], codes[..., 1::2]
+    return lo | (hi << 4)

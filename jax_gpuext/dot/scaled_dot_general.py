@@ -1,0 +1,216 @@
+"""``scaled_dot_general``: a differentiable drop-in for ``jax.lax.dot_general`` that quantizes its
+high-precision operands inside and runs ``block_scaled_dot`` forward and backward (a
+``custom_vjp``), with the formats of a training step chosen by ``recipe``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jax_gpuext import formats
+from jax_gpuext.common import backends
+from jax_gpuext.dot.block_scaled_dot import block_scaled_dot
+from jax_gpuext.dot.common import OP, _OUT_DTYPES, _parse_dimension_numbers, format_info
+
+
+# --------------------------------------------------------------------------- public: scaled_dot_general
+# Backward formats. The cotangent gets ``grad_format``; the saved high-precision operands are
+# re-quantized along the backward contracting axis with the forward format when it belongs to the
+# same family as grad_format (operands of one dot must share a family), else with E4M3 of that
+# family. NVFP4 trains with an MXFP8 backward by default: NVFP4 gradients need stochastic rounding
+# and random Hadamard transforms to converge (NVIDIA's NVFP4 recipe), which we do not implement.
+# FP8_TENSOR trains in E4M3 both ways (we have no per-tensor E5M2 format; its scale, recomputed
+# from each cotangent's amax every step, leaves E5M2's extra range little to do).
+_DEFAULT_GRAD = {"MXFP8_E4M3": "MXFP8_E5M2", "MXFP8_E5M2": "MXFP8_E5M2", "MXFP4": "MXFP8_E5M2", "NVFP4": "MXFP8_E5M2",
+                 "FP8_1x128": "FP8_1x128", "FP8_128x128": "FP8_1x128", "FP8_TENSOR": "FP8_TENSOR"}
+_FAMILY_E4M3 = {"mx": "MXFP8_E4M3", "nvfp4": "NVFP4", "fp8_block": "FP8_1x128", "fp8_tensor": "FP8_TENSOR"}
+
+
+def _as_pair(fmt, what):
+    if isinstance(fmt, (tuple, list)):
+        if len(fmt) != 2:
+            raise TypeError(f"{what}: format must be a BlockFormat or a (lhs_format, rhs_format) pair, got {fmt!r}")
+        return tuple(fmt)
+    return fmt, fmt
+
+
+@dataclasses.dataclass(frozen=True)
+class _Recipe:
+    lhs: Any
+    rhs: Any
+    grad: Any
+    lhs_bwd: Any
+    rhs_bwd: Any
+
+
+def recipe(format=None, grad_format=None) -> _Recipe:
+    """The five formats of a training step: forward lhs/rhs, cotangent, backward lhs/rhs residuals."""
+    lf, rf = _as_pair(formats.MXFP8_E4M3 if format is None else format, "scaled_dot_general")
+    li, ri = format_info(lf), format_info(rf)
+    if li.family != ri.family:
+        raise ValueError(f"scaled_dot_general: formats {li.name} and {ri.name} cannot be mixed")
+    if li.two_d:
+        raise ValueError("scaled_dot_general: FP8_128x128 is a weight (rhs) format; use "
+                         "format=(FP8_1x128, FP8_128x128) for the DeepSeek-V3 recipe")
+    g = getattr(formats, _DEFAULT_GRAD[li.name]) if grad_format is None else grad_format
+    gi = format_info(g)
+    if gi.two_d:
+        raise ValueError("scaled_dot_general: grad_format cannot be FP8_128x128 (the cotangent is the lhs "
+                         "of both backward dots); use FP8_1x128")
+    same = li.family == gi.family
+    lb = lf if same else getattr(formats, _FAMILY_E4M3[gi.family])
+    rb = rf if same else getattr(formats, _FAMILY_E4M3[gi.family])
+    return _Recipe(lf, rf, g, lb, rb)
+
+
+def _quantize(x, fmt, axis=-1):
+    """Quantizes canonical ``x (B, X, K)`` along K (FP8_128x128: over (X, K)), or along ``axis``.
+
+    formats.quantize takes float32/bfloat16/float16 and handles partial blocks itself.
+    """
+    if x.dtype == jnp.float64:
+        x = x.astype(jnp.float32)
+    return formats.quantize(x, fmt, axis=axis)
+
+
+def _canonical_scaled(a, b, fa, fb, out_dtype, backend):
+    """(B, M, K) x (B, K, N) -> (B, M, N): a quantized along its last axis, b along its rows.
+
+    b is (B, K, N) because that is how ``x @ w`` holds its weight (Flax's Dense kernel is (in,
+    out)): no transposed copy of it goes in, and no transposed gradient comes out.
+    """
+    qa, qb = _quantize(a, fa), _quantize_along_rows(b, fb)
+    return block_scaled_dot(qa, qb, (((2,), (1,)), ((0,), (0,))), preferred_element_type=out_dtype,
+                            backend=backend)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _scaled_canonical(a, b, rec: _Recipe, out_dtype, backend):
+    return _canonical_scaled(a, b, rec.lhs, rec.rhs, out_dtype, backend)
+
+
+def _scaled_fwd(a, b, rec, out_dtype, backend):
+    return _canonical_scaled(a, b, rec.lhs, rec.rhs, out_dtype, backend), (a, b)
+
+
+def _quantize_along_rows(x, fmt):
+    """Quantizes canonical ``x (B, R, C)`` along R, where a dot contracts it: blocks along
+    axis -2 in place (the CPU handler's strided path, CUDA's strided kernel) rather than a
+    transposed copy quantized along its last axis, which costs a read and a write of x more. The
+    blocks, hence the values, are the same. FP8_128x128 tiles and FP8_TENSOR's one scale do not
+    depend on the axis."""
+    f = format_info(fmt)
+    return _quantize(x, fmt, axis=-1 if (f.two_d or f.per_tensor) else -2)
+
+
+def _scaled_bwd(rec, out_dtype, backend, res, g):
+    a, b = res  # a (B, M, K), b (B, K, N), g (B, M, N)
+    # g is quantized in its own dtype (formats.quantize takes f32/bf16/f16; _quantize narrows
+    # float64): a bf16 -> f32 promotion here would be one more pass with identical blocks.
+    # dA[b,m,k] = sum_n g[b,m,n] b[b,k,n]: contract N, the last axis of both.
+    da = block_scaled_dot(_quantize(g, rec.grad), _quantize(b, rec.rhs_bwd),
+                          (((2,), (2,)), ((0,), (0,))), preferred_element_type=jnp.float32, backend=backend)
+    # dB[b,k,n] = sum_m a^T[b,k,m] g[b,m,n]: contract M, so a^T and g are quantized along M. a^T
+    # is a transposed copy quantized along its last axis (the same blocks as a along M): a dot
+    # whose lhs contracts its leading axis is about 3x slower on XLA:CPU (it converts both
+    # operands to f32 and transposes them; docs/design.md "CPU speed"), and every GPU backend
+    # takes an lhs that contracts its last axis as it is.
+    db = block_scaled_dot(_quantize(jnp.swapaxes(a, 1, 2), rec.lhs_bwd), _quantize_along_rows(g, rec.grad),
+                          (((2,), (1,)), ((0,), (0,))), preferred_element_type=jnp.float32, backend=backend)
+    return da.astype(a.dtype), db.astype(b.dtype)
+
+
+_scaled_canonical.defvjp(_scaled_fwd, _scaled_bwd)
+
+
+def scaled_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *,
+                       out_sharding=None, format=None, grad_format=None, backend: str = "auto") -> jax.Array:
+    """``jax.lax.dot_general`` computed as a block-scaled dot, differentiable.
+
+    Drops into ``flax.nnx.Linear(dot_general=...)`` / ``flax.linen.Dense(dot_general=...)`` (use
+    ``functools.partial`` to set ``format``). ``lhs``/``rhs`` are high-precision arrays quantized
+    here along their contracting axes (partial blocks allowed). ``format`` is one BlockFormat
+    for both operands or a ``(lhs, rhs)`` pair, e.g. ``(FP8_1x128, FP8_128x128)``; default
+    MXFP8_E4M3. ``precision`` is accepted for signature compatibility and ignored: the precision
+    is the format's. ``out_sharding`` (as in ``lax.dot_general``, which Flax >= 0.12 passes) is
+    applied to the result as a sharding constraint. The backward pass quantizes the cotangent
+    with ``grad_format`` (default
+    MXFP8_E5M2 for MXFP8, MXFP4 and NVFP4, FP8_1x128 for FP8 blockwise, FP8_TENSOR for FP8_TENSOR) and
+    re-quantizes the saved operands along the backward contracting axes (see ``recipe``).
+    """
+    del precision
+    what = "scaled_dot_general"
+    backends.check_requested(OP, backend, what)
+    lhs, rhs = formats.as_array(lhs, what, "lhs"), formats.as_array(rhs, what, "rhs")
+    for name, x in (("lhs", lhs), ("rhs", rhs)):
+        if not jnp.issubdtype(x.dtype, jnp.floating) or x.dtype.itemsize < 2:
+            raise TypeError(f"{what}: {name} must be float16/bfloat16/float32/float64 (it is quantized here), "
+                            f"got {x.dtype} with shape {x.shape}")
+    rec = recipe(format, grad_format)
+    lc, rc, lb, rb = _parse_dimension_numbers(dimension_numbers, lhs.ndim, rhs.ndim, what)
+    if len(lc) != 1:
+        raise ValueError(f"{what}: exactly one contracting dimension per operand is supported, got "
+                         f"{dimension_numbers!r} for lhs {lhs.shape}, rhs {rhs.shape}")
+    if lhs.shape[lc[0]] != rhs.shape[rc[0]]:
+        raise ValueError(f"{what}: contracting sizes differ: lhs {lhs.shape} axis {lc[0]} vs rhs {rhs.shape} "
+                         f"axis {rc[0]}")
+    if [lhs.shape[d] for d in lb] != [rhs.shape[d] for d in rb]:
+        raise ValueError(f"{what}: batch sizes differ: lhs {lhs.shape} dims {lb} vs rhs {rhs.shape} dims {rb}")
+    requested = jnp.promote_types(lhs.dtype, rhs.dtype) if preferred_element_type is None else preferred_element_type
+    # float64 (x64 inputs, or asked for) is computed and returned in float32
+    out_dtype = formats.float_dtype(requested, _OUT_DTYPES + (jnp.dtype(jnp.float64),), what,
+                                    "preferred_element_type")
+    out_dtype = jnp.dtype(jnp.float32) if out_dtype == jnp.float64 else out_dtype
+    lfree = tuple(d for d in range(lhs.ndim) if d != lc[0] and d not in lb)
+    rfree = tuple(d for d in range(rhs.ndim) if d != rc[0] and d not in rb)
+    bsz = math.prod(lhs.shape[d] for d in lb)
+    a = jnp.transpose(lhs, lb + lfree + lc).reshape(bsz, -1, lhs.shape[lc[0]]) if lhs.size else \
+        jnp.zeros((bsz, math.prod(lhs.shape[d] for d in lfree), lhs.shape[lc[0]]), lhs.dtype)
+    b = jnp.transpose(rhs, rb + rc + rfree).reshape(bsz, rhs.shape[rc[0]], -1) if rhs.size else \
+        jnp.zeros((bsz, rhs.shape[rc[0]], math.prod(rhs.shape[d] for d in rfree)), rhs.dtype)
+    out = _scaled_canonical(a, b, rec, out_dtype, backend)
+    shape = ([lhs.shape[d] for d in lb] + [lhs.shape[d] for d in lfree] + [rhs.shape[d] for d in rfree])
+    out = out.reshape(shape)
+    if out_sharding is not None:
+        out = lax.with_sharding_constraint(out, out_sharding)
+    return out
+
+
+# --------------------------------------------------------------------------- demo
+def demo_steps():
+    """(title, callable) pairs for ``python -m jax_gpuext demo``."""
+    from jax_gpuext.common.explain import explain
+
+    def dot_step():
+        k1, k2 = jax.random.split(jax.random.key(0))
+        x = jax.random.normal(k1, (64, 256), jnp.float32)
+        w = jax.random.normal(k2, (128, 256), jnp.float32)
+        qx, qw = formats.quantize(x, formats.MXFP8_E4M3), formats.quantize(w, formats.MXFP8_E4M3)
+        f = jax.jit(lambda a, b: block_scaled_dot(a, b, preferred_element_type=jnp.float32))
+        y = f(qx, qw)
+        err = float(jnp.max(jnp.abs(y - x @ w.T)) / jnp.max(jnp.abs(x @ w.T)))
+        print(f"MXFP8 (64x256) . (128x256)^T: max error / max |x w^T| = {err:.3g}")
+        print(explain(f, qx, qw))
+
+    def train_step():
+        k1, k2 = jax.random.split(jax.random.key(1))
+        x = jax.random.normal(k1, (32, 128), jnp.float32)
+        w = jax.random.normal(k2, (128, 64), jnp.float32) / 11.3
+        dn = (((1,), (0,)), ((), ()))
+
+        def loss(w):
+            return jnp.mean(scaled_dot_general(x, w, dn, preferred_element_type=jnp.float32) ** 2)
+
+        step = jax.jit(lambda w: w - 0.1 * jax.grad(loss)(w))
+        w1 = step(w)
+        print(f"one MXFP8 SGD step: loss {float(loss(w)):.4f} -> {float(loss(w1)):.4f}")
+        print(explain(jax.grad(loss), w))
+
+    return [("block_scaled_dot (MXFP8)", dot_step), ("scaled_dot_general training step", train_step)]

@@ -1,0 +1,160 @@
+"""Handlers never read or write outside a buffer, whatever the attributes say (issue 15).
+
+Each case that corrupted memory before the fix runs in its own Python process, so a
+regression shows as a crash of that process (with its stderr in the failure), not of pytest:
+- ``place`` on sub-byte dtypes copied ``size_bytes()`` (one byte per element in the FFI headers
+  we build against) into a buffer XLA packs (findings 1);
+- ``gpuext_quantize`` called directly with ``fp4_packed=0`` wrote one byte per FP4 element into
+  a packed buffer (finding 2);
+- ``gpuext_all_reduce`` called directly trusted rank, workspace and timeout attributes.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SUB_BYTE = ("int4", "uint4", "int2", "uint2", "float4_e2m1fn")
+
+
+def _run(code: str, devices: int = 1) -> str:
+    """Runs `code` in a fresh interpreter; fails with its output unless it exits cleanly."""
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                       timeout=300, env=env, cwd=os.path.dirname(sys.executable))  # the installed package
+    assert p.returncode == 0, f"exit status {p.returncode}\nstdout:\n{p.stdout[-4000:]}\nstderr:\n{p.stderr[-4000:]}"
+    return p.stdout
+
+
+@pytest.mark.parametrize("space", ["COLLECTIVE", "TEMP"])
+def test_place_sub_byte_dtypes_copy_exactly_the_packed_bytes(space):
+    """Bit-exact round trip for every sub-byte dtype, odd counts (a half-filled last byte) and
+    2^20 elements (the size that made glibc abort), with the rest of the heap left intact."""
+    out = _run(f"""
+        import ml_dtypes, numpy as np, jax, jax.numpy as jnp
+        import jax_gpuext
+        from jax_gpuext import MemorySpace
+        rng = np.random.default_rng(0)
+        f = jax.jit(lambda v: jax_gpuext.place(v, MemorySpace.{space}))
+        for name in {SUB_BYTE!r}:
+            dt = np.dtype(getattr(ml_dtypes, name))
+            info = ml_dtypes.finfo(dt) if name.startswith("float") else ml_dtypes.iinfo(dt)
+            for n in (1, 7, 1024, 1 << 20):
+                if name.startswith("float"):
+                    x = rng.choice(np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -6, -0.5], np.float32), n).astype(dt)
+                else:
+                    x = rng.integers(int(info.min), int(info.max) + 1, n).astype(dt)
+                for shape in ((n,), (1, n)):
+                    y = np.asarray(f(x.reshape(shape)))
+                    assert y.dtype == dt and y.shape == shape, (name, n, y.dtype, y.shape)
+                    np.testing.assert_array_equal(y.reshape(-1).astype(np.float32), x.astype(np.float32))
+        # allocate and free a lot: heap corruption from an earlier copy would surface here
+        for _ in range(20):
+            np.asarray(jnp.ones((1 << 18,)) * 2).sum()
+        print("OK")
+    """)
+    assert "OK" in out
+
+
+_QUANTIZE = """
+    import numpy as np, jax, jax.numpy as jnp
+    from jax_gpuext import formats
+    from jax_gpuext.common import extension as _ext
+    _ext.ensure_all_registered()
+
+    def call(fmt, x, **override):
+        attrs = dict(format=np.int32(fmt.code), axis=np.int64(-1), scale_rounding=np.int32(0),
+                     fp4_packed=np.int32(1))
+        attrs.update(override)
+        out = (jax.ShapeDtypeStruct(x.shape, fmt.elem_dtype),
+               jax.ShapeDtypeStruct(formats.scale_shape(x.shape, fmt, -1), fmt.scale_dtype))
+        return jax.ffi.ffi_call("gpuext_quantize", out)(x, jnp.ones((), jnp.float32), **attrs)
+
+    def refused(match, fmt, x, **override):
+        try:
+            jax.block_until_ready(call(fmt, x, **override))
+        except Exception as e:  # XlaRuntimeError / JaxRuntimeError carry the handler's message
+            assert match in str(e), (match, str(e))
+            return
+        raise AssertionError(f"{override} was accepted")
+"""
+
+
+def test_quantize_refuses_an_unpacked_fp4_attribute():
+    out = _run(_QUANTIZE + """
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(64, 1 << 14)), jnp.float32)
+    for fmt in (formats.NVFP4, formats.MXFP4):
+        refused("element buffer is float4_e2m1fn[64, 16384] (524288 bytes), the call would access 1048576",
+                fmt, x, fp4_packed=np.int32(0))
+        refused("fp4_packed must be 0 or 1", fmt, x, fp4_packed=np.int32(2))
+        # the same call with the attribute XLA's layout needs is exact against the reference
+        data, scale = call(fmt, x)
+        g = jnp.float32(1) if fmt.has_global_scale else None  # the call above passes 1.0
+        ref = formats.quantize(x, fmt, global_scale=g, backend="reference")
+        np.testing.assert_array_equal(np.asarray(data).view(np.uint8), np.asarray(ref.data).view(np.uint8))
+        np.testing.assert_array_equal(np.asarray(scale).view(np.uint8), np.asarray(ref.scale).view(np.uint8))
+    print("OK")
+    """)
+    assert "OK" in out
+
+
+def test_quantize_refuses_bad_attributes():
+    out = _run(_QUANTIZE + """
+    x = jnp.ones((4, 64), jnp.float32)
+    refused("unknown format 99", formats.MXFP8_E4M3, x, format=np.int32(99))
+    refused("unknown format -1", formats.MXFP8_E4M3, x, format=np.int32(-1))
+    refused("axis 0 must be negative", formats.MXFP8_E4M3, x, axis=np.int64(0))
+    refused("axis -3 must be negative", formats.MXFP8_E4M3, x, axis=np.int64(-3))
+    refused("scale_rounding 7", formats.MXFP8_E4M3, x, scale_rounding=np.int32(7))
+    refused("scale_rounding 1", formats.NVFP4, x, scale_rounding=np.int32(1))
+    # an attribute naming another format than the buffers: its dtype / block count is refused
+    refused("element buffer has dtype float8_e4m3fn, expected float4_e2m1fn", formats.MXFP8_E4M3, x,
+            format=np.int32(formats.NVFP4.code))
+    refused("scale buffer has dtype float8_e8m0fnu, expected float32", formats.MXFP8_E4M3, x,
+            format=np.int32(formats.FP8_1x128.code))
+    print("OK")
+    """)
+    assert "OK" in out
+
+
+def test_all_reduce_handler_refuses_bad_attributes():
+    """Called directly (group of one device): rank indexes the group's flag arrays, the workspace
+    is allocated from the attribute, and the timeout bounds every wait."""
+    out = _run("""
+    import numpy as np, jax, jax.numpy as jnp
+    from jax_gpuext.common import extension as _ext
+    _ext.ensure_all_registered()
+    x = jnp.arange(10, dtype=jnp.float32)
+
+    def call(rank=0, **override):
+        attrs = dict(op=np.int32(0), algorithm=np.int32(1), group_size=np.int64(1), site=np.int64(987654),
+                     workspace_bytes=np.int64(1 << 12), timeout_s=np.float32(5))
+        attrs.update(override)
+        f = jax.ffi.ffi_call("gpuext_all_reduce", jax.ShapeDtypeStruct(x.shape, x.dtype))
+        return jax.block_until_ready(f(x, jnp.int32(rank), jnp.int32(0), **attrs))
+
+    def refused(match, **kw):
+        try:
+            call(**kw)
+        except Exception as e:
+            assert match in str(e), (match, str(e))
+            return
+        raise AssertionError(f"{kw} was accepted")
+
+    np.testing.assert_array_equal(np.asarray(call()), np.asarray(x))  # a group of one: identity
+    refused("rank 5 is outside the group of 1", rank=5)
+    refused("rank -1 is outside the group of 1", rank=-1)
+    refused("workspace_bytes 1099511627776", workspace_bytes=np.int64(1 << 40))
+    refused("workspace_bytes -8", workspace_bytes=np.int64(-8))
+    refused("timeout_s must be in", timeout_s=np.float32(np.inf))
+    refused("timeout_s must be in", timeout_s=np.float32(np.nan))
+    refused("op must be 0..5, got 9", op=np.int32(9))
+    refused("algorithm 1 (one_shot) or 2 (two_shot), got 3", algorithm=np.int32(3))
+    refused("group_size must be in [1, 4096], got 0", group_size=np.int64(0))
+    print("OK")
+    """)
+    assert "OK" in out

@@ -1,0 +1,225 @@
+"""scripts/write_results.py, the last step of the GPU run, on fabricated inputs: a GPU session
+must not lose its numbers to a bug here, so it is checked on CPU in CI."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax_gpuext
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _work_dirs(tmp_path):
+    """gpu_run.sh's work directory (with this machine's `info --json`) and an empty results one."""
+    work, out = tmp_path / "work", tmp_path / "results"
+    work.mkdir()
+    out.mkdir()
+    info = subprocess.run([sys.executable, "-P", "-m", "jax_gpuext", "info", "--json"], capture_output=True,
+                          text=True, check=True, cwd=tmp_path).stdout
+    (work / "info.json").write_text(info)
+    return work, out
+
+
+def test_write_results_collects_benchmarks_probes_tests_and_plots(tmp_path):
+    work, out = _work_dirs(tmp_path)
+    (work / "bench_dot.json").write_text(json.dumps(
+        {"benchmark": "bench_dot", "rows": [{"M": 8192, "bf16": 612.5, "cublaslt_fp8_blockwise": 901.25}],
+         "notes": ["a note"]}))
+    (work / "probe_cudnn.json").write_text(json.dumps(
+        {"benchmark": "cudnn_probe", "rows": [{"formats": "MXFP8", "supported": False, "why_not": "sm_90"}]}))
+    (work / "bench_broken.json").write_text("{not json")
+    (work / "gpu-tests-main.xml").write_text(  # one junit file per pytest group of gpu_run.sh
+        '<testsuites><testsuite tests="2" failures="1" errors="0" skipped="0">'
+        '<testcase classname="t" name="a" time="0.5"/>'
+        '<testcase classname="t" name="b" time="1"><failure message="AssertionError: max err 3.5">'
+        'def test_b():\n&gt;       assert err &lt; 1e-3\nE       AssertionError: max err 3.5\nE       assert 3.5 &lt; 0.001\n\n'
+        'tests/test_t.py:12: AssertionError</failure></testcase>'
+        '</testsuite></testsuites>')
+    (work / "gpu-tests-hopper_mx.xml").write_text(
+        '<testsuite tests="1" failures="0" errors="0" skipped="1">'
+        '<testcase classname="h" name="c" time="2"><skipped message="arch"/></testcase></testsuite>')
+    (work / "bench_dot.png").write_bytes(b"\x89PNG fake")
+    # a third group hung in a kernel and was killed before pytest could write its junit file
+    (work / "test_exits.txt").write_text("main 1\nhopper_mx 0\nhung 137\n")
+    (work / "gpu-tests-hung.txt").write_text("tests/test_h.py::test_ok PASSED\ntests/test_h.py::test_hangs ")
+    # gpu_run.sh's exit statuses: bench_quantize died before writing JSON; its log is all we have
+    (work / "bench_exits.txt").write_text("bench_dot 0\nbench_quantize 1\nprobe_cudnn 0\n")
+    (work / "bench_quantize.txt").write_text("".join(f"line {i}\n" for i in range(40)) + "CUDA_ERROR_ILLEGAL_ADDRESS\n")
+    (work / "sanitizer-memcheck-t.txt").write_text(
+        "========= COMPUTE-SANITIZER\n========= Invalid __global__ write of size 4 bytes\n"
+        "=========     at QuantizeStrided1d+0x70\n1 failed in 3.0s\n========= ERROR SUMMARY: 1 error\n")
+    (work / "sanitizer-racecheck-t.txt").write_text(
+        "========= COMPUTE-SANITIZER\n2 passed in 9.0s\n========= ERROR SUMMARY: 0 errors\n")
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "write_results.py"), "--work", str(work),
+                    "--out-dir", str(out), "--tests-status", "1"], check=True,
+                   env={"GPU_RUN_COMMIT": "abc123", "PATH": "/usr/bin:/bin"})
+    (js,) = out.glob("*.json")
+    result = json.loads(js.read_text())
+    assert result["commit"] == "abc123"
+    assert result["versions"]["jax"] and "cuda_extension" in result["versions"]
+    t = result["gpu_tests"]
+    assert (t["tests"], t["failures"], t["skipped"], t["exit_status"]) == (3, 1, 1, 1)
+    assert [c["outcome"] for c in t["cases"]] == ["skipped", "passed", "failure"]
+    skipped, _, failed = t["cases"]
+    assert t["group_exits"] == {"main": 1, "hopper_mx": 0, "hung": 137}
+    assert t["cut_short"] == [{"group": "hung", "exit_status": 137,
+                               "log_tail": ["tests/test_h.py::test_ok PASSED", "tests/test_h.py::test_hangs"],
+                               "verifies_collected": None}]  # no junit file: any component may have hung
+    assert skipped["detail"] == "arch"
+    assert "E       assert 3.5 < 0.001" in failed["detail"] and "tests/test_t.py:12: AssertionError" in failed["detail"]
+    quantize = next(b for b in result["benchmarks"] if b["benchmark"] == "bench_quantize")
+    assert quantize["exit_status"] == 1 and quantize["error"] == "wrote no results"
+    assert quantize["log_tail"][-1] == "CUDA_ERROR_ILLEGAL_ADDRESS" and len(quantize["log_tail"]) == 25
+    assert next(b for b in result["benchmarks"] if b["benchmark"] == "bench_dot")["exit_status"] == 0
+    reports = result["sanitizer_reports"]  # the clean racecheck run is left out
+    assert list(reports) == ["sanitizer-memcheck-t.txt"]
+    assert "=========     at QuantizeStrided1d+0x70" in reports["sanitizer-memcheck-t.txt"]
+    assert "1 failed in 3.0s" in reports["sanitizer-memcheck-t.txt"]
+    names = [b["benchmark"] for b in result["benchmarks"]]
+    assert "bench_dot" in names and "cudnn_probe" in names and "bench_broken" in names
+    assert next(b for b in result["benchmarks"] if b["benchmark"] == "bench_broken")["error"].startswith(
+        "bench_broken.json: ")
+    assert result["plots"] == [js.stem + "-bench_dot.png"] and (out / result["plots"][0]).exists()
+    md = js.with_suffix(".md").read_text()
+    assert "901.2" in md and "612.5" in md and "sm_90" in md and "a note" in md
+    assert f"![{result['plots'][0]}]" in md
+    assert "Group `hung` was cut short (exit status 137)" in md
+    assert "### Why they failed" in md and "E       AssertionError: max err 3.5" in md
+    assert "exit status 1" in md and "CUDA_ERROR_ILLEGAL_ADDRESS" in md and "QuantizeStrided1d+0x70" in md
+    assert jax_gpuext.__version__  # the package the info came from is importable here
+
+
+def test_every_benchmark_takes_the_run_scripts_arguments(tmp_path):
+    """gpu_run.sh calls each benchmarks/bench_*.py and probe_*.py with --out (and --quick); on a
+    machine without a GPU each must refuse cleanly (exit 2 with a reason), not die in argparse."""
+    scripts = sorted((ROOT / "benchmarks").glob("bench_*.py")) + sorted((ROOT / "benchmarks").glob("probe_*.py"))
+    assert len(scripts) >= 5
+    for script in scripts:
+        r = subprocess.run([sys.executable, "-P", str(script), "--quick", "--out", str(tmp_path / "x.json")],
+                           capture_output=True, text=True, cwd=tmp_path, timeout=120)
+        assert "unrecognized arguments" not in r.stderr and "usage:" not in r.stderr, (script.name, r.stderr)
+        if r.returncode != 0:  # no GPU here: a clean refusal that names what is missing
+            assert r.returncode == 2 and "need" in r.stderr, (script.name, r.returncode, r.stderr[-500:])
+
+
+def test_command_buffer_reader_on_xla_shaped_text():
+    """The helper the GPU command-buffer tests use, on text in the shape XLA prints."""
+    from _hlo import custom_calls_in_command_buffers
+
+    text = """HloModule m, is_scheduled=true
+
+%command_buffer (p0: f32[4], p1: f32[4]) -> f32[4] {
+  %p0 = f32[4]{0} parameter(0)
+  %p1 = f32[4]{0} parameter(1)
+  ROOT %custom-call.1 = f32[4]{0} custom-call(%p0, %p1), custom_call_target="gpuext_block_scaled_dot_cublaslt"
+}
+
+command_buffer.1 (p0: f32[4]) -> f32[4] {
+  ROOT %fusion = f32[4]{0} fusion(%p0), kind=kLoop, calls=%fused_computation
+}
+
+ENTRY %main (a: f32[4], b: f32[4]) -> f32[4] {
+  %call = f32[4]{0} call(%a, %b), to_apply=%command_buffer
+  ROOT %cc = f32[4]{0} custom-call(%call), custom_call_target="gpuext_quantize"
+}
+"""
+    assert custom_calls_in_command_buffers(text) == {"gpuext_block_scaled_dot_cublaslt"}
+
+
+def test_every_sanitizer_target_names_collected_tests():
+    """gpu_run.sh runs compute-sanitizer on each line of tests/sanitizer_targets.txt; a typo there
+    would spend scarce GPU minutes on a pytest usage error, so each must collect on CPU."""
+    targets = [t for t in (ROOT / "tests" / "sanitizer_targets.txt").read_text().splitlines() if t.strip()]
+    assert targets
+    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                        *(str(ROOT / "tests" / t) for t in targets)], capture_output=True, text=True,
+                       cwd="/")  # as gpu_run.sh runs them: from /, so the source tree does not shadow the install
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+
+
+def test_gpu_run_script_on_a_machine_without_a_gpu(tmp_path):
+    """scripts/gpu_run.sh itself (argument parsing, step bounds, the benchmark loop, exit statuses,
+    the results) with a stand-in nvidia-smi and JAX kept on CPU: every benchmark refuses, and the
+    results name each one with its exit status and the reason from its log. A bash slip here would
+    otherwise first show on the GPU machine, whose minutes are scarce."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text('#!/bin/sh\necho "Stand-in GPU, 1.0, 1 MiB, 9.0"\n')
+    smi.chmod(0o755)
+    out = tmp_path / "results"
+    env = os.environ | {"PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": sys.executable, "RESULTS_DIR": str(out),
+                        "GPU_RUN_COMMIT": "dry", "JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": ""}
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_run.sh"), "--no-build", "--quick", "--only", "bench"],
+                       env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (js,) = out.glob("*-stand-in-gpu.json")
+    result = json.loads(js.read_text())
+    assert result["commit"] == "dry" and result["gpu_tests"] == {"ran": False, "exit_status": 0}
+    steps = {b["benchmark"]: b for b in result["benchmarks"]}
+    scripts = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py")
+                     if p.stem.startswith(("bench_", "probe_")) and p.stem != "bench_cpu")  # CI's CPU table
+    assert sorted(steps) == scripts
+    for name, b in steps.items():
+        assert b["exit_status"] == 2 and b["error"] == "wrote no results", (name, b)
+        assert any("need" in line for line in b["log_tail"]), (name, b["log_tail"])
+    assert js.with_suffix(".md").read_text().count("exit status 2") == len(scripts)
+
+
+def _run_mps_script(tmp_path, stand_in: str | None):
+    """run_allreduce_mps.sh with PATH holding the system tools and, optionally, a stand-in
+    nvidia-cuda-mps-control; no rank ever starts on this machine."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if stand_in is not None:
+        tool = bin_dir / "nvidia-cuda-mps-control"
+        tool.write_text("#!/bin/bash\n" + stand_in)
+        tool.chmod(0o755)
+    return subprocess.run(["bash", str(ROOT / "scripts" / "run_allreduce_mps.sh"), "2", "plain"],
+                          capture_output=True, text=True, timeout=60,
+                          env={"PATH": f"{bin_dir}:/usr/bin:/bin", "MPS_WAIT_S": "1", "PYTHON": sys.executable})
+
+
+def test_mps_script_reports_the_environment_apart_from_code_failures(tmp_path):
+    """No MPS control binary, or a daemon that never answers: exit status 3 and an ENVIRONMENT
+    line, before any rank starts (issue 14 item 9)."""
+    (tmp_path / "none").mkdir()
+    r = _run_mps_script(tmp_path / "none", None)
+    assert r.returncode == 3, r.stderr
+    assert "ENVIRONMENT: nvidia-cuda-mps-control is not on PATH" in r.stderr
+    (tmp_path / "mute").mkdir()
+    r = _run_mps_script(tmp_path / "mute", 'if [ "$1" = -d ]; then exit 0; fi\nexit 1\n')
+    assert r.returncode == 3, r.stderr
+    assert "ENVIRONMENT: the MPS control daemon does not answer" in r.stderr
+    assert "RANK" not in r.stdout
+
+
+def test_write_results_lists_environment_failures_apart(tmp_path):
+    work, out = _work_dirs(tmp_path)
+    (work / "gpu-tests-main.xml").write_text(
+        '<testsuite tests="2" failures="2" errors="0" skipped="0">'
+        '<testcase classname="t" name="mps" time="1"><failure message="Failed: ENVIRONMENT: no MPS">'
+        "E       Failed: ENVIRONMENT: this machine cannot run 2 ranks under MPS: ['ENVIRONMENT: no MPS']\n"
+        "tests/collectives/test_allreduce.py:266: Failed</failure></testcase>"
+        '<testcase classname="t" name="code" time="1"><failure message="AssertionError">'
+        "E       AssertionError: wrong sum\ntests/test_allreduce.py:12: AssertionError</failure></testcase>"
+        "</testsuite>")
+    (work / "test_exits.txt").write_text("main 1\n")
+    (work / "bench_exits.txt").write_text("bench_allreduce 3\n")
+    (work / "bench_allreduce.txt").write_text("starting\nENVIRONMENT: nvidia-cuda-mps-control is not on PATH\n")
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "write_results.py"), "--work", str(work),
+                    "--out-dir", str(out), "--tests-status", "1"], check=True, env={"PATH": "/usr/bin:/bin"})
+    (js,) = out.glob("*.json")
+    result = json.loads(js.read_text())
+    mps, code = result["gpu_tests"]["cases"]
+    assert mps["cause"] == "environment" and "cause" not in code
+    (bench,) = result["benchmarks"]
+    assert bench["cause"] == "environment" and "not on PATH" in bench["error"]
+    md = js.with_suffix(".md").read_text()
+    env_at, code_at = md.index("### Failed for an environment reason"), md.index("### Why they failed")
+    assert md.index("`t::code`", code_at) < env_at < md.index("`t::mps`", env_at)

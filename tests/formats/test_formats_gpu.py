@@ -1,0 +1,88 @@
+"""CUDA kernels == jnp reference, bit for bit (run under JAX_GPUEXT_REQUIRE_GPU=1 on a GPU
+machine; skipped elsewhere), and the float4_e2m1fn device-buffer layout XLA uses."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_gpuext as gx
+from jax_gpuext import formats
+from test_formats import DTYPES, FORMATS, IDS, as_bits, assert_bits_equal, block_shape, random_blocks
+
+pytestmark = [pytest.mark.gpu, pytest.mark.verifies("formats.cuda")]
+
+
+def test_float4_buffer_layout():
+    """XLA's CUDA float4_e2m1fn layout, measured by jax_gpuext.formats.fp4_layout (an XLA-written buffer
+    read back through gpuext_dequantize as packed): one our handlers read, and what FP4_PACKED
+    hands them. Packed high nibble first would need the packing in csrc/formats/block_scaled_io.h
+    and the kernels to change; the backends refuse it meanwhile (test_fp4_layout.py)."""
+    from jax_gpuext.formats import fp4_layout
+
+    fp4_layout.forget()
+    layout = fp4_layout.probe("cuda")
+    assert layout.layout in (fp4_layout.LOW_FIRST, fp4_layout.ONE_PER_BYTE), layout.describe()
+    assert formats.FP4_PACKED["cuda"] == layout.packed
+    print(layout.describe())  # the results file keeps it
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16", "float16"])
+def test_cuda_matches_reference_bit_for_bit(fmt, dtype):
+    dev = jax.devices("cuda")[0]
+    x = jax.device_put(random_blocks(11, 10_000, block_shape(fmt), dtype), dev)
+    cases = [(x, -1)]
+    if fmt is not gx.FP8_128x128:  # strided layout and partial blocks
+        cases.append((jax.device_put(np.asarray(random_blocks(12, 300, (3 * fmt.block[0] + 8,), dtype)).T, dev), 0))
+        cases.append((jax.device_put(np.asarray(random_blocks(13, 64, (fmt.block[0] + 8,), dtype)), dev), -1))
+        # odd inner size and odd element count: packed FP4 pairs straddle rows, and the last
+        # (bytes % 4) bytes come from QuantizeStridedFp4Tail instead of word atomics
+        cases.append((jax.device_put(np.asarray(random_blocks(19, 301, (fmt.block[0] + 5,), dtype)).T, dev), 0))
+    else:  # ragged tiles: N % 8 != 0 (one element per thread) and N % 8 == 0 (8 per thread)
+        cases.append((jax.device_put(np.asarray(random_blocks(14, 2, (300, 260), dtype)), dev), -1))
+        cases.append((jax.device_put(np.asarray(random_blocks(18, 2, (200, 264), dtype)), dev), -1))
+    for xi, axis in cases:
+        got = jax.jit(lambda v: gx.quantize(v, fmt, axis=axis, backend="cuda"))(xi)
+        want = jax.jit(lambda v: gx.quantize(v, fmt, axis=axis, backend="reference"))(xi)
+        assert_bits_equal(got.data, as_bits(np.asarray(want.data)), f"{fmt.name} cuda data axis={axis}")
+        assert_bits_equal(got.scale, as_bits(np.asarray(want.scale)), f"{fmt.name} cuda scale axis={axis}")
+        for out in (jnp.float32, jnp.bfloat16):
+            y = jax.jit(lambda q: gx.dequantize(q, out, backend="cuda"))(want)
+            y_ref = jax.jit(lambda q: gx.dequantize(q, out, backend="reference"))(want)
+            assert_bits_equal(y, as_bits(np.asarray(y_ref)), f"{fmt.name} cuda dequantize axis={axis}")
+
+
+def test_cuda_vmap_and_hlo():
+    dev = jax.devices("cuda")[0]
+    x = jax.device_put(np.random.default_rng(0).standard_normal((3, 8, 64)).astype(np.float32), dev)
+    f = jax.jit(jax.vmap(lambda v: gx.quantize(v, gx.NVFP4, backend="cuda")))
+    assert "gpuext_quantize" in f.lower(x).as_text()
+    got, want = f(x), [gx.quantize(x[i], gx.NVFP4, backend="reference") for i in range(3)]
+    for i in range(3):
+        assert_bits_equal(got.scale[i], as_bits(np.asarray(want[i].scale)), "vmap NVFP4 scale")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16", "float16"])
+def test_cuda_per_tensor_matches_reference(dtype):
+    """FP8_TENSOR's three kernels (amax, quantize, finalize): vectorized (K % 8 == 0) and scalar
+    paths, one big tensor (many CTAs meet in one atomicMax), 10,000 vmapped tensors, empty ones."""
+    dev = jax.devices("cuda")[0]
+    rng = np.random.default_rng(15)
+    cases = [
+        random_blocks(16, 10_000, (3, 16), dtype),  # vmapped, K = 48: vector path
+        random_blocks(17, 2_000, (5, 7), dtype),  # vmapped, K = 35: scalar path
+        (rng.standard_normal((1, 2048, 1536)) * 7).astype(dtype),  # one big tensor
+        np.zeros((4, 0, 8), dtype),  # empty tensors: scale 1
+    ]
+    for x in cases:
+        xd = jax.device_put(x, dev)
+        got = jax.jit(jax.vmap(lambda v: gx.quantize(v, gx.FP8_TENSOR, backend="cuda")))(xd)
+        want = jax.jit(jax.vmap(lambda v: gx.quantize(v, gx.FP8_TENSOR, backend="reference")))(xd)
+        assert_bits_equal(got.data, as_bits(np.asarray(want.data)), f"FP8_TENSOR cuda data {x.shape}")
+        assert_bits_equal(got.scale, as_bits(np.asarray(want.scale)), f"FP8_TENSOR cuda scale {x.shape}")
+        y = jax.jit(jax.vmap(lambda q: gx.dequantize(q, jnp.bfloat16, backend="cuda")))(want)
+        y_ref = jax.jit(jax.vmap(lambda q: gx.dequantize(q, jnp.bfloat16, backend="reference")))(want)
+        assert_bits_equal(y, as_bits(np.asarray(y_ref)), f"FP8_TENSOR cuda dequantize {x.shape}")

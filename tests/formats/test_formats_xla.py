@@ -1,0 +1,201 @@
+"""The ``xla`` backend of quantize / dequantize (jax_gpuext/formats/xla.py): the parts only it has.
+
+Its bits against the float64 model and the other backends are checked with them in
+test_formats.py (every test there runs it, the every-bf16-value sweeps included). Here: the
+loop-free division it rests on, for estimates as bad as the ones XLA:GPU's ``div.full.f32`` and
+XLA's reciprocal rewrite give; its per-element rounding; NVFP4's thresholds; the round-to-nearest
+NVFP4 scale; and the compiled program: no while loop, x read at most twice, on CPU and as lowered
+for CUDA."""
+
+from __future__ import annotations
+
+import fractions
+import re
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import _formats_numpy as npref
+import jax_gpuext as gx
+from jax_gpuext import formats
+from jax_gpuext.formats import reference as ref
+from jax_gpuext.formats import xla as formats_xla
+from test_formats import as_bits, assert_bits_equal, elem_bits, random_blocks, scale_bits
+
+RNG = np.random.default_rng(28)
+
+
+def significands(n, rng=RNG):
+    """24-bit significands: random, the extremes, and ones with small odd parts (ties)."""
+    m = rng.integers(2**23, 2**24, n, dtype=np.int64)
+    m[: n // 8] = rng.integers(1, 64, n // 8) * 2**18 | 2**23  # few significant bits: exact quotients, ties
+    m[:4] = [2**23, 2**24 - 1, 0xC00000, 0xE00000]  # 1, the largest, 1.5 (6), 1.75 (448)
+    return m
+
+
+# --------------------------------------------------------------------------- the division
+@pytest.mark.parametrize("offset", [-30, -7, -1, 0, 1, 2, 31])
+@pytest.mark.parametrize("rcp_error", [-2.0**-11, 0.0, 2.0**-11])
+def test_floor_quotient_is_exact_for_any_estimate_within_its_bounds(offset, rcp_error):
+    """q = floor(a * 2**s / b) and its remainder, exactly, from estimates off by `offset` units
+    (|offset| * b < 2**31) and reciprocals off by a relative 2**-11: far worse than div.full.f32's
+    2 ulp or a rounded reciprocal. Divisors up to 2**27 (NVFP4's nearest rule divides by 3 g)."""
+    n = 20_000
+    a = significands(n)
+    b = RNG.integers(2**23, 2**27, n, dtype=np.int64)
+    b[: n // 2] = significands(n // 2, np.random.default_rng(1))
+    shift = RNG.integers(23, 27, n)
+    exact = (a << shift) // b
+    estimate = (exact + offset).astype(np.float32)  # off by `offset`, and by float32's rounding
+    off = np.abs(np.trunc(estimate.astype(np.float64)).astype(np.int64) - exact) + 1
+    keep = (exact < 2**31) & (off * b < 2**31)  # the precondition, for the estimate as it is
+    assert keep.mean() > 0.5
+    a, b, shift, exact, estimate = a[keep], b[keep], shift[keep], exact[keep], estimate[keep]
+    rcp = (1.0 / b * (1 + rcp_error)).astype(np.float32)
+    f = jax.jit(lambda *v: ref.floor_quotient(*v))
+    q, r = f(a.astype(np.uint32), shift.astype(np.int32), b.astype(np.uint32), estimate, rcp)
+    np.testing.assert_array_equal(np.asarray(q).astype(np.int64), exact)
+    np.testing.assert_array_equal(np.asarray(r).astype(np.int64), (a << shift) - exact * b)
+
+
+def rn24(num, den):
+    """RN_fp32 of num / den (positive Python ints), unbounded exponent, as (k, m)."""
+    q = fractions.Fraction(num, den)
+    k = q.numerator.bit_length() - q.denominator.bit_length()
+    k -= q < fractions.Fraction(2) ** k  # now 2**k <= q < 2**(k + 1)
+    t = q / fractions.Fraction(2) ** (k - 23)
+    m = round(t)  # Python rounds half to even
+    if m == 2**24:
+        m, k = 2**23, k + 1
+    return k, m
+
+
+def test_divide_and_reciprocal_are_correctly_rounded():
+    """ref.divide (the per-block divisions) and formats_xla's reciprocal and per-element division
+    against exact rational arithmetic, ties included (significands with few bits)."""
+    n = 4000
+    ma, mb = significands(n), significands(n, np.random.default_rng(2))
+    k, m = jax.jit(lambda a, b: ref.divide(0, a, 0, b))(ma.astype(np.int32), mb.astype(np.int32))
+    want = [rn24(int(x), int(y)) for x, y in zip(ma, mb)]
+    np.testing.assert_array_equal(np.asarray(k), [w[0] for w in want])
+    np.testing.assert_array_equal(np.asarray(m), [w[1] for w in want])
+    rcp = jax.jit(formats_xla.reciprocal)(mb.astype(np.int32))
+    want = [rn24(2**23, int(y)) for y in mb]
+    np.testing.assert_array_equal(np.asarray(rcp), [np.float32(w[1] * 2.0 ** (w[0] - 23)) for w in want])
+    # per element: |x| as extended bits (exponent 3), divisor (kd = -2, mb)
+    mag = ((3 + 127) << 23) | (ma & 0x7FFFFF)
+    t = jax.jit(formats_xla.divided_magnitude)(mag.astype(np.int32), np.int32(-2), mb.astype(np.int32), rcp)
+    want = [rn24(int(x), int(y)) for x, y in zip(ma, mb)]
+    np.testing.assert_array_equal(np.asarray(t), [((w[0] + 5 + 127) << 23) | (w[1] & 0x7FFFFF) for w in want])
+
+
+@pytest.mark.parametrize("elem", ["e4m3", "e5m2", "e2m1"])
+def test_round_magnitude_matches_the_reference_rounding(elem):
+    """The element rounding on extended bits (bit rounding in the format's normal range, an exact
+    float32 addition in its subnormal range) against ref.round_to: every exponent from far below
+    the subnormals to past the largest value, significands at and around every tie."""
+    f = ref.ELEMENTS[elem][0]
+    k = np.arange(-160, f.emax + 4)
+    low = np.array([0, 1, 2**18, 2**19 - 1, 2**19, 2**19 + 1, 2**20, 2**21, 2**22, 2**22 + 1, 0x7FFFFF])
+    low = np.concatenate([low, RNG.integers(0, 2**23, 64)])
+    kk, mm = np.meshgrid(k, low | 2**23, indexing="ij")
+    kk, mm = kk.ravel().astype(np.int32), mm.ravel().astype(np.int32)
+    got = jax.jit(lambda t: formats_xla.round_magnitude(t, f))(((kk + 127) << 23) | (mm & 0x7FFFFF))
+    want = jax.jit(lambda k, m: ref.round_to(jnp.zeros_like(k), k, m, f, saturate=True))(kk, mm)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def exact_threshold(n, w, kd, md):
+    """The largest float32 bit pattern below d = N * 2**w * md * 2**(kd - 23), by exact arithmetic
+    (d is never a float32 value); +Inf's pattern where d is past float32's range."""
+    d = fractions.Fraction(n * md) * fractions.Fraction(2) ** (w + kd - 23)
+    e = d.numerator.bit_length() - d.denominator.bit_length()
+    e -= fractions.Fraction(2) ** e > d  # 2**e <= d < 2**(e + 1)
+    if e >= 128:
+        return 0x7F800000
+    quantum = fractions.Fraction(2) ** (max(e, -126) - 23)  # the float32 grid at d
+    units = int(d // quantum)
+    return int(np.float32(units * float(quantum)).view(np.uint32))
+
+
+def test_nvfp4_thresholds_are_exact():
+    """NVFP4's per-block thresholds against exact rational arithmetic, for divisors whose
+    thresholds are normal, subnormal (down to 0) and past float32's range (Inf)."""
+    n = 300
+    md = significands(n)
+    kd = RNG.integers(-160, 135, n)
+    kd[:6] = [-160, -151, -148, -127, 126, 134]
+    got = jax.jit(formats_xla.nvfp4_thresholds)(kd.astype(np.int32), md.astype(np.int32))
+    for u, (num, w) in zip(got, formats_xla.NVFP4_BOUNDS):
+        want = [exact_threshold(num, w, int(k), int(m)) for k, m in zip(kd, md)]
+        np.testing.assert_array_equal(np.asarray(u).astype(np.int64), want)
+
+
+# --------------------------------------------------------------------------- NVFP4 nearest
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float16], ids=["f32", "bf16", "f16"])
+def test_nvfp4_nearest_scale_rule(dtype):
+    """NVFP4 with the round-to-nearest E4M3 block scale (formats_xla.nvfp4_block_scale_nearest,
+    the rule issue 27 makes the default) against the float64 model, at a computed global scale
+    and at extreme given ones (tiny blocks whose scale rounds to 0, saturation at 448)."""
+    x = random_blocks(11, 2000, (64,), dtype)
+    for g in (None, np.float32(2.0**-126), np.float32(3e-3), np.float32(2.0**100)):
+        g = ref.nvfp4_global_scale(x) if g is None else g
+        data, scale = jax.jit(lambda v, g: formats_xla.quantize(v, gx.NVFP4, -1, "up", g, nvfp4_scale="nearest"))(
+            x, np.float32(g))
+        xb, k = npref.blocks_1d(np.asarray(x, np.float64), 16, -1)
+        values, sb = npref.nvfp4_nearest(xb, np.float32(g))
+        values = npref.unblock_1d(np.broadcast_to(values, xb.shape), k, -1)
+        assert_bits_equal(data, elem_bits(values, gx.NVFP4), f"g={g} data")
+        assert_bits_equal(scale, scale_bits(sb[..., 0], gx.NVFP4), f"g={g} scale")
+
+
+# --------------------------------------------------------------------------- the compiled program
+def _reads_of_input(hlo: str) -> int:
+    """How many instructions of the entry computation read its first parameter (x)."""
+    entry = hlo[hlo.index("\nENTRY"):]
+    param = re.search(r"%?([\w.-]+) = \S+ parameter\(0\)", entry).group(1)
+    return sum(1 for line in entry.splitlines()[1:]
+               if "parameter(0)" not in line and re.search(rf"[(,]\s*%?{re.escape(param)}[,)]", line))
+
+
+@pytest.mark.parametrize("fmt", list(formats.FORMATS.values()), ids=lambda f: f.name)
+def test_compiled_program_has_no_loop_and_reads_x_at_most_twice(fmt):
+    """No while loop on XLA:CPU (the reference's long division had 2-3), and x is read by the
+    amax reduction and the element loop only (NVFP4's default global scale: one read more)."""
+    x = jnp.ones((64, 256), jnp.bfloat16)
+    for g in ((None, np.float32(0.5)) if fmt.has_global_scale else (None,)):
+        f = jax.jit(lambda v, g=g: gx.quantize(v, fmt, global_scale=g, backend="xla"))
+        hlo = f.lower(x).compile().as_text()
+        assert "while" not in hlo
+        assert _reads_of_input(hlo) <= (3 if fmt.has_global_scale and g is None else 2), hlo
+        q = f(x)
+        hlo = jax.jit(lambda q: gx.dequantize(q, jnp.bfloat16, backend="xla")).lower(q).compile().as_text()
+        assert "while" not in hlo
+
+
+@pytest.mark.parametrize("fmt", list(formats.FORMATS.values()), ids=lambda f: f.name)
+def test_lowered_for_cuda_has_no_loop_and_no_custom_call(fmt):
+    """Lowered for CUDA on this CPU machine: what XLA:GPU receives has no while loop and no custom
+    call (no GPU is needed to lower)."""
+    x = jnp.ones((64, 256), jnp.bfloat16)
+
+    def step(v):
+        q = gx.quantize(v, fmt, backend="xla")
+        return gx.dequantize(q, jnp.bfloat16, backend="xla")
+    text = jax.jit(step).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+    assert "stablehlo.while" not in text and "custom_call" not in text
+
+
+def test_a_constant_input_folded_by_xla_gives_the_same_bits():
+    """Quantizing a compile-time constant lets XLA fold the block scales into constants, and XLA
+    rewrites a division by a constant into a product with a rounded reciprocal: the estimates
+    change, the bits must not."""
+    x = random_blocks(5, 64, (128,), np.float32)
+    for fmt in (gx.FP8_1x128, gx.FP8_TENSOR, gx.NVFP4):
+        folded = jax.jit(lambda: gx.quantize(jnp.asarray(x), fmt, backend="xla"))()
+        live = jax.jit(lambda v: gx.quantize(v, fmt, backend="reference"))(x)
+        assert_bits_equal(folded.data, as_bits(live.data), f"{fmt.name} data")
+        assert_bits_equal(folded.scale, as_bits(live.scale), f"{fmt.name} scale")
