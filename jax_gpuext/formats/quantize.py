@@ -395,10 +395,10 @@ def quantize(x, fmt, *, axis: int = -1, scale_rounding: str = "up", global_scale
         raise ValueError(f"scale_rounding='ocp' (OCP MX v1.0 floor rule) applies to power-of-two E8M0 scales "
                          f"only; {fmt.name} scales are {fmt.scale_dtype.name} and are always rounded up")
     g = _check_global_scale(global_scale, fmt)
-    if fmt.has_global_scale and g is None:
-        g = ref.nvfp4_global_scale(x)
     sel = backends.select(QUANTIZE_OP, backend, problem=(fmt, x.shape, x.dtype))
     _note_fp4_layout(sel, fmt)
+    if fmt.has_global_scale and g is None:  # the same bits either way; the xla one is one fast pass
+        g = ref.nvfp4_global_scale(x) if sel.chosen == "reference" else formats_xla.nvfp4_global_scale(x)
     if x.size == 0 and not fmt.per_tensor and sel.chosen in ("reference", "xla"):
         data, scale = _quantize_empty(x, fmt, ax)
     elif sel.chosen == "reference":

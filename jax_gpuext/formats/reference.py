@@ -211,7 +211,11 @@ def global_amax_bits(x):
 
 def nvfp4_global_scale(x):
     """Dequantisation global scale g = RN(amax / (6 * 448)), amax over finite values; 1 if 0."""
-    amax = global_amax_bits(x)
+    return nvfp4_global_scale_of(global_amax_bits(x))
+
+
+def nvfp4_global_scale_of(amax):
+    """NVFP4's default global scale from the tensor's finite amax (fp32 bits)."""
     _, ka, ma = decode(amax, F32)
     _, kd, md = decode(jnp.uint32(np.float32(6 * 448).view(np.uint32)), F32)
     k, m = clamp_to_min_normal(*divide(ka, ma, kd, md))

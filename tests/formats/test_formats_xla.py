@@ -199,3 +199,17 @@ def test_a_constant_input_folded_by_xla_gives_the_same_bits():
         live = jax.jit(lambda v: gx.quantize(v, fmt, backend="reference"))(x)
         assert_bits_equal(folded.data, as_bits(live.data), f"{fmt.name} data")
         assert_bits_equal(folded.scale, as_bits(live.scale), f"{fmt.name} scale")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float16], ids=["f32", "bf16", "f16"])
+def test_global_amax_in_chunks_is_the_references(dtype):
+    """NVFP4's default global scale from chunk maxima (formats_xla.global_amax_bits) equals the
+    reference's one-reduction value: NaN/Inf ignored, subnormals exact, any length (padding),
+    empty tensors, per example under vmap."""
+    x = random_blocks(9, 300, (37,), dtype)  # 11,100 elements: not a multiple of the chunk
+    for v in (x, x[:7, :5], x[3], np.zeros((0, 4), dtype), np.full((5, 3), np.inf, dtype)):
+        assert_bits_equal(jax.jit(formats_xla.nvfp4_global_scale)(v),
+                          as_bits(jax.jit(ref.nvfp4_global_scale)(v)), f"shape {v.shape}")
+    got = jax.jit(jax.vmap(formats_xla.global_amax_bits))(x.reshape(10, 30, 37))
+    want = jax.jit(jax.vmap(ref.global_amax_bits))(x.reshape(10, 30, 37))
+    assert_bits_equal(got, np.asarray(want), "vmapped amax")
