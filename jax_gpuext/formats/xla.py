@@ -92,31 +92,40 @@ def reciprocal(md):
     return lax.bitcast_convert_type(ref.encode_f32(k, m), F32)
 
 
-def divided_magnitude(mag, kd, md, rcp):
-    """RN_fp32(|x| / d) as extended bits: ``mag`` from ``magnitude_bits``, the divisor d = (kd, md)
-    with its reciprocal ``rcp`` = RN_fp32(1 / significand(md)). docs/formats.md, "Division
-    without a loop":
+def divided_quotient(mag, kd, md, rcp, *, short: bool = False):
+    """RN_fp32(|x| / d) as (k, q): q * 2**(k - 23), q in [2**23, 2**24] (2**24 where the rounding
+    carried into the next binade; callers read it as it is). ``mag`` from ``magnitude_bits``, the
+    divisor d = (kd, md) with its reciprocal ``rcp`` = RN_fp32(1 / significand(md)); ``short``:
+    the input is bfloat16 / float16, whose significands have at most 11 bits. docs/formats.md,
+    "Division without a loop":
 
     - c = (mx < md) puts the quotient of significands times 2**c in [1, 2); the 24-bit
       quotient is T = mx * 2**(23 + c) / md, in [2**23, 2**24);
     - the estimate y = RN(significand(x) * 2**c * rcp), read as q0 = y * 2**23 (its bits minus
       126 << 23, y clamped below at 1), is within 1.5 of T;
-    - r = mx * 2**(23 + c) - q0 * md is exact in wrapping 32-bit arithmetic (|r| < 1.5 md);
-    - RN(T) = q0 + d, d = round(r / md) ties to even: -1, 0 or 1 by comparing 2r with +-md
-      (half up), one step back where a tie (2r = +-md) went up to an odd result."""
+    - r = mx * 2**(23 + c) - q0 * md is exact in wrapping 32-bit arithmetic (|r| < 1.5 md); for a
+      short significand mx * 2**(23 + c) is 0 modulo 2**32 (its lowest set bit is at 36 or above);
+    - RN(T) = q0 + d, d = round(r / md): -1, 0 or 1 by comparing 2r with +-md. T is never a tie
+      (2r = +-md would make mx * 2**(24 + c) = (2 q0 + 1) * md, an odd part of at least 2**24 + 1
+      on the right and of mx < 2**24 on the left), so no rule for ties is needed."""
     kx = (mag >> 23) - 127
     frac = mag & 0x7FFFFF
     c = ((frac | (1 << 23)) < md).astype(I32)
     fa = lax.bitcast_convert_type((frac | ref.F32_ONE_BITS) + (c << 23), F32)  # in [1, 4)
     q = jnp.maximum(lax.bitcast_convert_type(fa * rcp, I32), ref.F32_ONE_BITS) - (126 << 23)
-    a = ((frac | (1 << 23)) << c) << 23  # mx * 2**(23 + c) modulo 2**32
-    r = lax.bitcast_convert_type(a.astype(U32) - q.astype(U32) * md.astype(U32), I32)
-    tw = r << 1
-    q = q + (tw >= md).astype(I32) - (tw < -md).astype(I32)
-    q = q - (((tw == md) | (tw == -md)) & ((q & 1) == 1)).astype(I32)  # a tie rounded up to odd
-    carry = q >> 24  # RN(T) == 2**24: the next binade
-    kq = kx - kd - c + carry
-    return ((kq + 127) << 23) | ((q >> carry) & 0x7FFFFF)
+    product = q.astype(U32) * md.astype(U32)
+    a = U32(0) if short else (((frac | (1 << 23)) << c) << 23).astype(U32)  # mx * 2**(23 + c) mod 2**32
+    tw = lax.bitcast_convert_type(a - product, I32) << 1
+    q = q + (tw > md).astype(I32) - (tw < -md).astype(I32)
+    return kx - kd - c, q
+
+
+def round_quotient_to(k, q, f: ref.BitFormat):
+    """RN_f of q * 2**(k - 23) (q in [2**23, 2**24], k unbounded), saturating at f's largest code:
+    ``round_magnitude`` of its extended bits (k << 23) + q + (126 << 23), where q = 2**24 carries
+    into the exponent field as it should. k is clamped at -200 first (2**-200 and below: code 0
+    for every element format), which keeps k << 23 inside int32."""
+    return round_magnitude((jnp.maximum(k, -200) << 23) + q + (126 << 23), f)
 
 
 # --------------------------------------------------------------------------- NVFP4 block scale rules
@@ -232,10 +241,9 @@ def _mx_codes(mag, sign, stored, f):
     return jnp.where(stored == ref.E8M0_NAN, U32(0), code)
 
 
-def _divided_codes(mag, sign, kd, md, rcp, special, zero, f):
-    """Element codes RN_f(RN(x / d)); 0 in special blocks, signed zeros where the scale is zero."""
-    code = round_magnitude(divided_magnitude(mag, kd, md, rcp), f)
-    code = jnp.where(zero, U32(0), code)
+def _divided_codes(mag, sign, kd, md, rcp, special, f, short):
+    """Element codes RN_f(RN(x / d)) (FP8 blockwise and per-tensor); 0 in special blocks."""
+    code = round_quotient_to(*divided_quotient(mag, kd, md, rcp, short=short), f)
     return jnp.where(special, U32(0), _signed(code, sign, f))
 
 
@@ -342,6 +350,8 @@ def _abs_max(x, fmt, axis: int):
     XLA:CPU compiled a direct minor-axis max over 16-128 elements, and one over bits already
     widened to 32, to scalar code 5-30x slower (measured). initial=0: an empty tensor (FP8_TENSOR)
     has amax 0, so scale 1, as in the reference."""
+    if fmt.per_tensor:  # one block: the whole tensor, NaN and Inf included (they make its scale NaN)
+        return _tensor_amax_bits(x, finite_only=False)
     raw = jnp.uint16 if x.dtype.itemsize == 2 else U32
     a = lax.bitcast_convert_type(x, raw) & (raw(0x7FFF) if raw == jnp.uint16 else U32(ref.F32_ABS_MASK))
     ab, axes, _, _ = _block_view(a, fmt, axis)
@@ -392,28 +402,38 @@ def quantize(x, fmt, axis: int, rounding: str, g, *, nvfp4_scale: str = "up"):
         _, kd, md = ref.decode(stored, ref.F32)
         # each in the form the element loop uses: it reads them, it computes nothing per block
         stored, kd, md, rcp = _materialize(stored, kd, md, reciprocal(md))
-        codes = _divided_codes(mag, sign, kd, md, rcp, stored == ref.F32_NAN_BITS, False, f)
+        codes = _divided_codes(mag, sign, kd, md, rcp, stored == ref.F32_NAN_BITS, f, short=x.dtype.itemsize == 2)
     return _to_elements(unblock(codes), fmt.elem_dtype), _scale_out(stored.reshape(sshape), fmt)
 
 
 # --------------------------------------------------------------------------- NVFP4's global scale
-GLOBAL_CHUNK = (32, AMAX_LANES)  # elements per partial maximum: 32 x 4
+GLOBAL_CHUNK = (2048, AMAX_LANES)  # elements per partial maximum: 2048 x 4 (smaller chunks left
+# XLA:CPU a second reduction big enough for its serial loop: 4.5x slower at 32 x 4, measured)
 
 
 def global_amax_bits(x):
-    """The largest finite |x| of the whole tensor as fp32 bits (``ref.global_amax_bits``'s value).
+    """The largest finite |x| of the whole tensor as fp32 bits (``ref.global_amax_bits``'s value)."""
+    return _tensor_amax_bits(x, finite_only=True)
+
+
+def _tensor_amax_bits(x, finite_only: bool):
+    """The largest |x| of the whole tensor (of its finite values only, or NaN/Inf bits winning)
+    as fp32 bits; 0 for an empty tensor.
 
     A max over all of x compiled on XLA:CPU to one serial loop, 3.5x the time of a pass ``x * 2``
-    (measured); so: maxima of 128-element chunks (the blocked two-step max of ``_abs_max``), then
-    the max of those. The chunk maxima are widened to fp32 bits between the two reductions,
+    (measured); so: maxima of 8192-element chunks (as [n, 2048, 4]: a non-minor max, vectorised
+    across the 4), then the max of those. The chunk maxima are widened to fp32 bits between the two reductions,
     which also keeps XLA from merging them back into one."""
     raw, inf = (jnp.uint16, 0x7C00 if x.dtype == jnp.float16 else 0x7F80) if x.dtype.itemsize == 2 else \
         (U32, ref.F32_INF_BITS)
     a = lax.bitcast_convert_type(x, raw).reshape(-1) & raw(0x7FFF if raw == jnp.uint16 else ref.F32_ABS_MASK)
-    a = jnp.where(a < inf, a, raw(0))
+    if finite_only:
+        a = jnp.where(a < inf, a, raw(0))
     chunk = GLOBAL_CHUNK[0] * GLOBAL_CHUNK[1]
-    a = jnp.pad(a, (0, -a.size % chunk)).reshape((-1,) + GLOBAL_CHUNK)
-    m = jnp.max(a, axis=1, initial=raw(0)).reshape(-1)
+    if a.size > chunk:  # smaller tensors (many, under vmap) take one reduction
+        a = jnp.pad(a, (0, -a.size % chunk)).reshape((-1,) + GLOBAL_CHUNK)
+        a = jnp.max(a, axis=1, initial=raw(0))
+    m = a.reshape(-1)
     m = m.astype(U32) if raw == U32 else ref.to_f32_bits(lax.bitcast_convert_type(m, x.dtype))
     return jnp.max(m, initial=np.uint32(0))
 

@@ -85,18 +85,27 @@ def test_divide_and_reciprocal_are_correctly_rounded():
     rcp = jax.jit(formats_xla.reciprocal)(mb.astype(np.int32))
     want = [rn24(2**23, int(y)) for y in mb]
     np.testing.assert_array_equal(np.asarray(rcp), [np.float32(w[1] * 2.0 ** (w[0] - 23)) for w in want])
-    # per element: |x| as extended bits (exponent 3), divisor (kd = -2, mb)
-    mag = ((3 + 127) << 23) | (ma & 0x7FFFFF)
-    t = jax.jit(formats_xla.divided_magnitude)(mag.astype(np.int32), np.int32(-2), mb.astype(np.int32), rcp)
-    want = [rn24(int(x), int(y)) for x, y in zip(ma, mb)]
-    np.testing.assert_array_equal(np.asarray(t), [((w[0] + 5 + 127) << 23) | (w[1] & 0x7FFFFF) for w in want])
+    # per element: |x| as extended bits (exponent 3), divisor (kd = -2, mb); 16-bit significands
+    # (bfloat16 / float16 inputs) take the short path
+    for short in (False, True):
+        ma_s = ma & ~0xFFFF if short else ma
+        mag = ((3 + 127) << 23) | (ma_s & 0x7FFFFF)
+        k, q = jax.jit(lambda *v: formats_xla.divided_quotient(*v, short=short))(
+            mag.astype(np.int32), np.int32(-2), mb.astype(np.int32), rcp)
+        k, q = np.asarray(k).astype(np.int64), np.asarray(q).astype(np.int64)
+        carried = q == 2**24  # rounded up into the next binade, left unnormalised
+        k, q = np.where(carried, k + 1, k), np.where(carried, 2**23, q)
+        want = [rn24(int(x), int(y)) for x, y in zip(ma_s, mb)]
+        np.testing.assert_array_equal(k, [w[0] + 5 for w in want])
+        np.testing.assert_array_equal(q, [w[1] for w in want])
 
 
 @pytest.mark.parametrize("elem", ["e4m3", "e5m2", "e2m1"])
-def test_round_magnitude_matches_the_reference_rounding(elem):
-    """The element rounding on extended bits (bit rounding in the format's normal range, an exact
-    float32 addition in its subnormal range) against ref.round_to: every exponent from far below
-    the subnormals to past the largest value, significands at and around every tie."""
+def test_element_roundings_match_the_reference_rounding(elem):
+    """The element roundings (round_magnitude on extended bits, round_quotient_to on a division's
+    (k, q)): bit rounding in the format's normal range, an exact float32 addition in its
+    subnormal range, against ref.round_to: every exponent from far below the subnormals to past
+    the largest value, significands at and around every tie."""
     f = ref.ELEMENTS[elem][0]
     k = np.arange(-160, f.emax + 4)
     low = np.array([0, 1, 2**18, 2**19 - 1, 2**19, 2**19 + 1, 2**20, 2**21, 2**22, 2**22 + 1, 0x7FFFFF])
@@ -106,6 +115,12 @@ def test_round_magnitude_matches_the_reference_rounding(elem):
     got = jax.jit(lambda t: formats_xla.round_magnitude(t, f))(((kk + 127) << 23) | (mm & 0x7FFFFF))
     want = jax.jit(lambda k, m: ref.round_to(jnp.zeros_like(k), k, m, f, saturate=True))(kk, mm)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    # the division's output form: q in [2**23, 2**24], 2**24 standing for the next binade's 2**23
+    got = jax.jit(lambda k, m: formats_xla.round_quotient_to(k, m, f))(kk, mm)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    got = jax.jit(lambda k, m: formats_xla.round_quotient_to(k - 1, m * 0 + 2**24, f))(kk, mm)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(jax.jit(
+        lambda k: ref.round_to(jnp.zeros_like(k), k, jnp.full_like(k, 2**23), f, saturate=True))(kk)))
 
 
 def exact_threshold(n, w, kd, md):
