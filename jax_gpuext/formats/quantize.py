@@ -350,8 +350,8 @@ backends.register(QUANTIZE_OP, backends.Backend(
     _handler_supports("cuda")))
 # CPU order = a recorded measurement, not an assumption: benchmarks/bench_cpu.py times both exact
 # paths in one process and prints which is faster (docs/design.md "CPU speed (issue 18)").
-_CPU_MEASURED = ("measured faster than the jnp reference for every format (vectorised, threaded; "
-                 "benchmarks/bench_cpu.py, docs/design.md 'CPU speed')")
+_CPU_MEASURED = ("measured faster than the xla backend and the jnp reference for every format (vectorised, "
+                 "threaded; benchmarks/bench_cpu.py, docs/design.md 'CPU speed')")
 backends.register(QUANTIZE_OP, backends.Backend(
     "cpu", ("cpu",), ("cpu_extension",), f"C++ CPU handler (gpuext_quantize), {_CPU_MEASURED}",
     _handler_supports("cpu")))

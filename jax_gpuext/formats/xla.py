@@ -346,26 +346,30 @@ def _abs_max(x, fmt, axis: int):
 
     Computed on the input's own bits (16-bit lanes for bfloat16 / float16: |x| orders like its
     bits, subnormals included), then widened exactly. A reduction along the minor axis runs as
-    one over [..., n / 4, 4] (a non-minor max, vectorised across the 4) and then over the 4:
-    XLA:CPU compiled a direct minor-axis max over 16-128 elements, and one over bits already
-    widened to 32, to scalar code 5-30x slower (measured). initial=0: an empty tensor (FP8_TENSOR)
-    has amax 0, so scale 1, as in the reference."""
+    ``_minor_max``: XLA:CPU compiled a direct minor-axis max over 16-128 elements, and one over
+    bits already widened to 32, to scalar code 5-30x slower (measured). FP8_TENSOR: the whole
+    tensor in chunks (``_tensor_amax_bits``: 0 for an empty tensor, so scale 1, as in the
+    reference)."""
     if fmt.per_tensor:  # one block: the whole tensor, NaN and Inf included (they make its scale NaN)
         return _tensor_amax_bits(x, finite_only=False)
     raw = jnp.uint16 if x.dtype.itemsize == 2 else U32
     a = lax.bitcast_convert_type(x, raw) & (raw(0x7FFF) if raw == jnp.uint16 else U32(ref.F32_ABS_MASK))
     ab, axes, _, _ = _block_view(a, fmt, axis)
-    axes = tuple(ax % ab.ndim for ax in axes)
-    minor = ab.ndim - 1
-    if minor in axes and ab.shape[-1] % AMAX_LANES == 0 and ab.shape[-1] > AMAX_LANES:
-        ab = ab.reshape(ab.shape[:-1] + (ab.shape[-1] // AMAX_LANES, AMAX_LANES))
-        m = jnp.max(ab, axis=axes, keepdims=True, initial=raw(0))
-        m = jnp.max(m, axis=-1)
-    else:
-        m = jnp.max(ab, axis=axes, keepdims=True, initial=raw(0))
-    if raw == U32:
-        return m
-    return ref.to_f32_bits(lax.bitcast_convert_type(m, x.dtype))  # exact, per block
+    widen = (lambda m: m) if raw == U32 else (lambda m: ref.to_f32_bits(lax.bitcast_convert_type(m, x.dtype)))
+    if len(fmt.block) == 2:
+        # A tile's rows first (a non-minor max, vectorised along the columns), widened (exact),
+        # then the columns: in one reduction XLA:CPU materialised x and reduced it serially.
+        return _minor_max(widen(jnp.max(ab, axis=-3, keepdims=True)), U32)
+    return widen(_minor_max(ab, raw) if axes == (ab.ndim - 1,) else jnp.max(ab, axis=axes, keepdims=True))
+
+
+def _minor_max(a, raw):
+    """Max over the last axis, kept: as one over [..., n / 4, 4] (a non-minor max, vectorised
+    across the 4), then over the 4."""
+    if a.shape[-1] % AMAX_LANES or a.shape[-1] <= AMAX_LANES:
+        return jnp.max(a, axis=-1, keepdims=True, initial=raw(0))
+    a = a.reshape(a.shape[:-1] + (a.shape[-1] // AMAX_LANES, AMAX_LANES))
+    return jnp.max(jnp.max(a, axis=-2, initial=raw(0)), axis=-1, keepdims=True)
 
 
 def _abs_f32_bits(x, mag):
