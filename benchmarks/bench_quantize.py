@@ -38,20 +38,15 @@ def _nbytes(tree) -> int:
 
 
 def _jax_nn_quantizer(fmt_name: str):
-    """jax.nn's own quantizer (private API: the function its scaled_dot_general runs), or None."""
-    import jax
-    import jax.numpy as jnp
+    """jax.nn's own quantizer for a format (bench_cpu.py's: loaded from its file, since the
+    benchmarks are scripts, run with ``-P``), or None where this jax has none."""
+    import importlib.util
+    import pathlib
 
-    mode = {"MXFP8_E4M3": "mxfp8", "NVFP4": "nvfp4"}.get(fmt_name)
-    if mode is None or not hasattr(jax.nn, "get_scaled_dot_general_config"):
-        return None
-    try:
-        from jax._src.cudnn import scaled_matmul_stablehlo as sms
-    except ImportError:
-        return None
-    config = jax.nn.get_scaled_dot_general_config(mode, global_scale=jnp.float32(1.0)) if mode == "nvfp4" \
-        else jax.nn.get_scaled_dot_general_config(mode)
-    return lambda x: sms.quantize(x[None], config)
+    spec = importlib.util.spec_from_file_location("bench_cpu", pathlib.Path(__file__).with_name("bench_cpu.py"))
+    bench_cpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_cpu)
+    return bench_cpu._jax_nn_quantizer(fmt_name)
 
 
 def _moved(x, out, fmt, packed: bool) -> int:
