@@ -6,8 +6,9 @@ about twice as fast there as the f32 reference, and slower than it on a CPU with
 ``cpu_features``, docs/design.md "CPU speed"):
 
 - MX (E8M0 block scales: MXFP8 E4M3 / E5M2, and any MX element type) and NVFP4: each operand
-  dequantized to bfloat16 and one XLA dot with float32 accumulation
-  (``preferred_element_type=float32``), the work ``jax.nn.scaled_matmul`` does on Hopper. Every
+  dequantized to bfloat16 (converted and multiplied in bfloat16) and one XLA dot with float32
+  accumulation, the work ``jax.nn.scaled_matmul`` does on Hopper; on CUDA a bfloat16 / float16 MX
+  result comes straight out of the dot (docs/design.md "The dot's default on GPU"). Every
   element x block scale is then exactly a bfloat16 value except when an E8M0 block scale is
   below 2^(-133 - log2(smallest subnormal of the element type)): 2^-124 for E4M3, 2^-117 for E5M2
   (docs/formats.md, "Exactness of the bf16 dequantization"). Where the formats alone prove it

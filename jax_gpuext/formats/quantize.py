@@ -397,8 +397,8 @@ def quantize(x, fmt, *, axis: int = -1, scale_rounding: str = "up", global_scale
     g = _check_global_scale(global_scale, fmt)
     sel = backends.select(QUANTIZE_OP, backend, problem=(fmt, x.shape, x.dtype))
     _note_fp4_layout(sel, fmt)
-    if fmt.has_global_scale and g is None:  # the same bits either way; the xla one is one fast pass
-        g = ref.nvfp4_global_scale(x) if sel.chosen == "reference" else formats_xla.nvfp4_global_scale(x)
+    if fmt.has_global_scale and g is None:
+        g = ref.nvfp4_global_scale(x)
     if x.size == 0 and not fmt.per_tensor and sel.chosen in ("reference", "xla"):
         data, scale = _quantize_empty(x, fmt, ax)
     elif sel.chosen == "reference":

@@ -204,9 +204,35 @@ def abs_max_bits(bits, axes):
 
 
 def global_amax_bits(x):
-    """Largest finite |x| of the whole tensor (NaN and Inf ignored), as fp32 bits."""
-    a = to_f32_bits(x) & U32(F32_ABS_MASK)
-    return jnp.max(jnp.where(a < F32_INF_BITS, a, U32(0)), initial=np.uint32(0))  # empty x: 0
+    """Largest finite |x| of the whole tensor (NaN and Inf ignored), as fp32 bits; 0 if empty."""
+    return tensor_amax_bits(x, finite_only=True)
+
+
+TENSOR_AMAX_CHUNK = (2048, 4)  # elements per partial maximum (see tensor_amax_bits)
+
+
+def tensor_amax_bits(x, finite_only: bool):
+    """Largest |x| of the whole tensor as fp32 bits (of its finite values, or with NaN / Inf bits
+    winning); 0 for an empty tensor. Integer maxima on the input's own bits (|x| orders like its
+    bits, subnormals included), widened exactly.
+
+    In chunks: a max over all of x compiled on XLA:CPU to one serial loop, 3.5x the time of a pass
+    ``x * 2`` (measured; 5.9 ms of an NVFP4 quantize's 1.2 ms + this). So maxima of 8192-element
+    chunks (as [n, 2048, 4]: a non-minor max, vectorised across the 4), widened, then their max
+    (the widening also keeps XLA from merging the two reductions back into one; smaller chunks
+    left a second reduction big enough to be slow again: 4.5x at 32 x 4). The same value."""
+    raw, inf = (jnp.uint16, 0x7C00 if x.dtype == jnp.float16 else 0x7F80) if x.dtype.itemsize == 2 else \
+        (U32, F32_INF_BITS)
+    a = lax.bitcast_convert_type(x, raw).reshape(-1) & raw(0x7FFF if raw == jnp.uint16 else F32_ABS_MASK)
+    if finite_only:
+        a = jnp.where(a < inf, a, raw(0))
+    chunk = TENSOR_AMAX_CHUNK[0] * TENSOR_AMAX_CHUNK[1]
+    if a.size > chunk:  # smaller tensors (many, under vmap) take one reduction
+        a = jnp.pad(a, (0, -a.size % chunk)).reshape((-1,) + TENSOR_AMAX_CHUNK)
+        a = jnp.max(a, axis=1, initial=raw(0))
+    m = a.reshape(-1)
+    m = m.astype(U32) if raw == U32 else to_f32_bits(lax.bitcast_convert_type(m, x.dtype))
+    return jnp.max(m, initial=np.uint32(0))
 
 
 def nvfp4_global_scale(x):

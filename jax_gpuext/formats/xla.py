@@ -348,10 +348,10 @@ def _abs_max(x, fmt, axis: int):
     bits, subnormals included), then widened exactly. A reduction along the minor axis runs as
     ``_minor_max``: XLA:CPU compiled a direct minor-axis max over 16-128 elements, and one over
     bits already widened to 32, to scalar code 5-30x slower (measured). FP8_TENSOR: the whole
-    tensor in chunks (``_tensor_amax_bits``: 0 for an empty tensor, so scale 1, as in the
-    reference)."""
+    tensor in chunks (``reference.tensor_amax_bits``: 0 for an empty tensor, so scale 1, as in
+    the reference)."""
     if fmt.per_tensor:  # one block: the whole tensor, NaN and Inf included (they make its scale NaN)
-        return _tensor_amax_bits(x, finite_only=False)
+        return ref.tensor_amax_bits(x, finite_only=False)
     raw = jnp.uint16 if x.dtype.itemsize == 2 else U32
     a = lax.bitcast_convert_type(x, raw) & (raw(0x7FFF) if raw == jnp.uint16 else U32(ref.F32_ABS_MASK))
     ab, axes, _, _ = _block_view(a, fmt, axis)
@@ -408,43 +408,6 @@ def quantize(x, fmt, axis: int, rounding: str, g, *, nvfp4_scale: str = "up"):
         stored, kd, md, rcp = _materialize(stored, kd, md, reciprocal(md))
         codes = _divided_codes(mag, sign, kd, md, rcp, stored == ref.F32_NAN_BITS, f, short=x.dtype.itemsize == 2)
     return _to_elements(unblock(codes), fmt.elem_dtype), _scale_out(stored.reshape(sshape), fmt)
-
-
-# --------------------------------------------------------------------------- NVFP4's global scale
-GLOBAL_CHUNK = (2048, AMAX_LANES)  # elements per partial maximum: 2048 x 4 (smaller chunks left
-# XLA:CPU a second reduction big enough for its serial loop: 4.5x slower at 32 x 4, measured)
-
-
-def global_amax_bits(x):
-    """The largest finite |x| of the whole tensor as fp32 bits (``ref.global_amax_bits``'s value)."""
-    return _tensor_amax_bits(x, finite_only=True)
-
-
-def _tensor_amax_bits(x, finite_only: bool):
-    """The largest |x| of the whole tensor (of its finite values only, or NaN/Inf bits winning)
-    as fp32 bits; 0 for an empty tensor.
-
-    A max over all of x compiled on XLA:CPU to one serial loop, 3.5x the time of a pass ``x * 2``
-    (measured); so: maxima of 8192-element chunks (as [n, 2048, 4]: a non-minor max, vectorised
-    across the 4), then the max of those. The chunk maxima are widened to fp32 bits between the two reductions,
-    which also keeps XLA from merging them back into one."""
-    raw, inf = (jnp.uint16, 0x7C00 if x.dtype == jnp.float16 else 0x7F80) if x.dtype.itemsize == 2 else \
-        (U32, ref.F32_INF_BITS)
-    a = lax.bitcast_convert_type(x, raw).reshape(-1) & raw(0x7FFF if raw == jnp.uint16 else ref.F32_ABS_MASK)
-    if finite_only:
-        a = jnp.where(a < inf, a, raw(0))
-    chunk = GLOBAL_CHUNK[0] * GLOBAL_CHUNK[1]
-    if a.size > chunk:  # smaller tensors (many, under vmap) take one reduction
-        a = jnp.pad(a, (0, -a.size % chunk)).reshape((-1,) + GLOBAL_CHUNK)
-        a = jnp.max(a, axis=1, initial=raw(0))
-    m = a.reshape(-1)
-    m = m.astype(U32) if raw == U32 else ref.to_f32_bits(lax.bitcast_convert_type(m, x.dtype))
-    return jnp.max(m, initial=np.uint32(0))
-
-
-def nvfp4_global_scale(x):
-    """NVFP4's default global scale, RN(amax / 2688) over finite |x| (1 if 0): the reference's."""
-    return ref.nvfp4_global_scale_of(global_amax_bits(x))
 
 
 # --------------------------------------------------------------------------- dequantize
