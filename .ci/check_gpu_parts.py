@@ -21,4 +21,8 @@ parts = _ext.build_parts()
 missing = [p for p in ("cuda_extension", "cublaslt_dot", "cudnn_dot", "nvshmem_allreduce")
            if not parts.get(p, {}).get("built")]
 assert not missing, f"build_parts.json says not built: {missing} ({parts})"
+# the NVSHMEM _nvshmem was built against (checked against the host library before the import) and
+# the commit the build came from (a GPU run's results name it): issue 25
+assert parts["nvshmem_allreduce"].get("version"), parts["nvshmem_allreduce"]
+assert len(_ext.build_source().get("commit", "")) == 40, _ext.build_source()
 print("every GPU part built: _cuda with the cuBLASLt and cuDNN dots, _nvshmem")

@@ -52,7 +52,7 @@ def bench_shape(m, n, k, skip=()):
     row["bf16"] = _tflops(m, n, k, _time(jax.jit(lambda a, b: a @ b.T), xb, wb))
     try:  # the per-tensor FP8 baseline: FP8_TENSOR through cuBLASLt's SCALAR_32F mode
         a8, b8 = gx.quantize(x, gx.FP8_TENSOR), gx.quantize(w, gx.FP8_TENSOR)
-        f = jax.jit(lambda a, b: gx.block_scaled_dot(a, b, backend="cublaslt"))
+        f = jax.jit(lambda a, b: gx.block_scaled_dot(a, b, preferred_element_type=jnp.bfloat16, backend="cublaslt"))
         row["fp8_per_tensor"] = _tflops(m, n, k, _time(f, a8, b8))
     except gx.UnsupportedError as e:
         row["fp8_per_tensor_error"] = str(e)[:200]
@@ -69,7 +69,9 @@ def bench_shape(m, n, k, skip=()):
             if b.name == "reference" or b.name in skip:
                 continue
             try:
-                f = jax.jit(lambda p, q, b=b.name: gx.block_scaled_dot(p, q, backend=b))
+                # bf16 output, as the bf16 baseline and jax.nn.scaled_matmul above
+                f = jax.jit(lambda p, q, b=b.name: gx.block_scaled_dot(p, q, preferred_element_type=jnp.bfloat16,
+                                                                       backend=b))
                 row[f"{b.name}_{fname}"] = _tflops(m, n, k, _time(f, ql, qr))
             except gx.UnsupportedError:
                 pass

@@ -32,23 +32,27 @@ from scikit_build_core.build import get_requires_for_build_wheel as _skbuild_req
 
 # Per CUDA major version: part -> requirements. Versions (docs/design.md, same section):
 # - cublas >= 12.9 on cu12: csrc/dot/cublaslt_block_scaled.cc uses the 12.9 blockwise-FP8 scale modes.
-# - nvshmem pinned: _nvshmem refuses a host library with an older minor than it was built against
-#   (jax_gpuext/collectives/distributed.py), so the build uses a fixed, tested version rather than the newest.
+# - nvshmem pinned to the OLDEST version we support, 3.4.5: device code built against NVSHMEM 3.m runs
+#   with any host library 3.n, n >= m (NVSHMEM's own rule, checked by jax_gpuext/common/nvshmem_version.py
+#   before _nvshmem is imported), never with an older one (a 3.8.0 build does not even import against 3.4.5:
+#   "undefined symbol: nvshmem_selected_device_transport"). torch 2.11 pins nvidia-nvshmem-cu13==3.4.5,
+#   so a newer build would refuse to run next to it. Pinned, not ">=", so the build never drifts up.
 # - cudnn-frontend < 1.29: from 1.29 its wheel requires nvidia-cutlass-dsl, cuda-bindings and more
 #   (hundreds of MB for its Python DSL); we only need its headers, identical in kind in 1.28.
 _FRONTEND = "nvidia-cudnn-frontend>=1.13,<1.29"
+NVSHMEM_BUILD_VERSION = "3.4.5"
 _WHEELS = {
     12: {
         "cublaslt": ["nvidia-cublas-cu12>=12.9,<13"],
         "cudnn": [_FRONTEND, "nvidia-cudnn-cu12>=9.7,<10"],
         "nvrtc": ["nvidia-cuda-nvrtc-cu12>=12.8,<13"],
-        "nvshmem": ["nvidia-nvshmem-cu12==3.8.0"],
+        "nvshmem": ["nvidia-nvshmem-cu12==" + NVSHMEM_BUILD_VERSION],
     },
     13: {
         "cublaslt": ["nvidia-cublas>=13.0,<14"],
         "cudnn": [_FRONTEND, "nvidia-cudnn-cu13>=9.12,<10"],
         "nvrtc": ["nvidia-cuda-nvrtc>=13.0,<14"],
-        "nvshmem": ["nvidia-nvshmem-cu13==3.8.0"],
+        "nvshmem": ["nvidia-nvshmem-cu13==" + NVSHMEM_BUILD_VERSION],
     },
 }
 

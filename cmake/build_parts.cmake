@@ -1,6 +1,6 @@
 # Which parts this build has, and why a part is missing (docs/design.md, "Complete builds and the wheel").
 #
-# Each part reports itself once: gpuext_part_built(<part> <detail>) or
+# Each part reports itself once: gpuext_part_built(<part> <detail> [VERSION <x.y.z>]) or
 # gpuext_part_missing(<part> <option value> <why> <fix>...), where <option value> is the part's own
 # AUTO|ON|OFF switch ("" when it has none). gpuext_check_parts(), at the end of CMakeLists.txt:
 #  - stops the configure, naming every missing part that was required together with its fix: a part
@@ -9,16 +9,20 @@
 #  - otherwise emits a CMake WARNING for each part that AUTO left out of a CUDA build (pip shows it
 #    with -v: pip hides the output of a build that succeeds);
 #  - writes build_parts.json into the package, so `jax-gpuext info` shows what is missing and how to
-#    get it long after the build log is gone.
+#    get it long after the build log is gone. VERSION (the NVSHMEM the _nvshmem part was built
+#    against) becomes the record's "version": Python checks the host library against it before it
+#    imports the module (jax_gpuext/distributed.py).
 set_property(GLOBAL PROPERTY GPUEXT_PARTS "")
 
 # ";" would split the record (a CMake list): paths lists in a reason are shown with "," instead.
 function(gpuext_part_built part detail)
+  cmake_parse_arguments(PARSE_ARGV 2 _arg "" "VERSION" "")
   string(REPLACE ";" ", " detail "${detail}")
   # pip's temporary build environment is gone after the install: keep only the part that informs.
   string(REGEX REPLACE "[^ ]*/site-packages/" "<build env>/" detail "${detail}")
   set_property(GLOBAL APPEND PROPERTY GPUEXT_PARTS "${part}")
   set_property(GLOBAL PROPERTY "GPUEXT_PART_${part}" "built" "" "${detail}" "")
+  set_property(GLOBAL PROPERTY "GPUEXT_PART_VERSION_${part}" "${_arg_VERSION}")
 endfunction()
 
 # The fix may be given as several strings (joined): keep ";" out of them.
@@ -52,7 +56,13 @@ function(gpuext_check_parts)
     _gpuext_json_string(_jwhy "${_why}")
     _gpuext_json_string(_jfix "${_fix}")
     if(_state STREQUAL "built")
-      string(APPEND _json "${_sep}\n  \"${_part}\": {\"built\": true, \"detail\": ${_jwhy}}")
+      get_property(_version GLOBAL PROPERTY "GPUEXT_PART_VERSION_${_part}")
+      set(_jversion "")
+      if(_version)
+        _gpuext_json_string(_jversion "${_version}")
+        set(_jversion ", \"version\": ${_jversion}")
+      endif()
+      string(APPEND _json "${_sep}\n  \"${_part}\": {\"built\": true, \"detail\": ${_jwhy}${_jversion}}")
     else()
       string(APPEND _json "${_sep}\n  \"${_part}\": {\"built\": false, \"why\": ${_jwhy}, \"fix\": ${_jfix}}")
       if(_option STREQUAL "ON" OR (_want_cuda STREQUAL "ON" AND NOT _option STREQUAL "OFF"))

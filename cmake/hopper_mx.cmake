@@ -1,4 +1,5 @@
-# hopper_mx: our sm_90a block-scaled FP8 matmul (docs/design.md, "hopper_mx").
+# hopper_mx: our sm_90a block-scaled FP8 matmul (docs/design.md, "hopper_mx"), and ragged_dot's
+# grouped FP8 blockwise kernel built on it (csrc/ragged_dot/hopper_grouped*, issue 30).
 #
 # The handler and the host-side validation are part of _cuda in every CUDA build. The kernel
 # (csrc/hopper_mx/hopper_mx.cu: wgmma, TMA) exists only for sm_90a, so it lives in its own object
@@ -12,7 +13,11 @@ endif()
 
 target_sources(_cuda PRIVATE
   ${CMAKE_CURRENT_SOURCE_DIR}/csrc/hopper_mx/hopper_mx_host.cc
-  ${CMAKE_CURRENT_SOURCE_DIR}/ffi/cuda/hopper_mx.cc)
+  ${CMAKE_CURRENT_SOURCE_DIR}/ffi/cuda/hopper_mx.cc
+  # ragged_dot's grouped kernel (issue 30): the same machinery, built and gated the same way
+  ${CMAKE_CURRENT_SOURCE_DIR}/csrc/ragged_dot/hopper_grouped_host.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/ffi/cuda/ragged_dot_hopper.cc
+  ${CMAKE_CURRENT_SOURCE_DIR}/ffi/cuda/ragged_dot_hopper_binding.cc)
 
 set(_gpuext_hmx_sm90a OFF)
 foreach(_arch IN LISTS CMAKE_CUDA_ARCHITECTURES)
@@ -22,7 +27,8 @@ foreach(_arch IN LISTS CMAKE_CUDA_ARCHITECTURES)
 endforeach()
 
 if(_gpuext_hmx_sm90a)
-  add_library(gpuext_hopper_mx OBJECT ${CMAKE_CURRENT_SOURCE_DIR}/csrc/hopper_mx/hopper_mx.cu)
+  add_library(gpuext_hopper_mx OBJECT ${CMAKE_CURRENT_SOURCE_DIR}/csrc/hopper_mx/hopper_mx.cu
+                                      ${CMAKE_CURRENT_SOURCE_DIR}/csrc/ragged_dot/hopper_grouped.cu)
   set_target_properties(gpuext_hopper_mx PROPERTIES
     CUDA_ARCHITECTURES 90a-real
     POSITION_INDEPENDENT_CODE ON

@@ -35,7 +35,7 @@ set(_nvshmem_host "${_nvshmem_root}/lib/libnvshmem_host.so.3")
 if(NOT _nvshmem_root OR NOT EXISTS "${_nvshmem_inc}/nvshmem.h" OR NOT EXISTS "${_nvshmem_dev}" OR NOT EXISTS "${_nvshmem_host}")
   set(_why "NVSHMEM not found (looked in '${_nvshmem_root}': need include/nvshmem.h, lib/libnvshmem_device.a, lib/libnvshmem_host.so.3)")
   gpuext_part_missing(nvshmem_allreduce "${_want_nvshmem}" "${_why}"
-    "a plain pip install (build isolation on) adds nvidia-nvshmem-cu13==3.8.0 (CUDA 12: -cu12) to the build "
+    "a plain pip install (build isolation on) adds nvidia-nvshmem-cu13==3.4.5 (CUDA 12: -cu12) to the build "
     "by itself when nvcc is found. With --no-build-isolation, pip install it into the build environment "
     "first, or set JAX_GPUEXT_NVSHMEM_HOME")
   return()
@@ -72,4 +72,5 @@ set_target_properties(_nvshmem PROPERTIES INSTALL_RPATH "$ORIGIN/../nvidia/nvshm
 target_compile_definitions(_nvshmem PRIVATE GPUEXT_NVSHMEM_VERSION_STRING="${_nvshmem_version}")
 target_link_options(_nvshmem PRIVATE "-Wl,--version-script=${JAX_GPUEXT_EXPORTS}")
 install(TARGETS _nvshmem LIBRARY DESTINATION jax_gpuext)
-gpuext_part_built(nvshmem_allreduce "_nvshmem against NVSHMEM ${_nvshmem_version} from ${_nvshmem_root}")
+gpuext_part_built(nvshmem_allreduce "_nvshmem against NVSHMEM ${_nvshmem_version} from ${_nvshmem_root}"
+                  VERSION "${_nvshmem_version}")

@@ -3,8 +3,11 @@ placement for JAX, as XLA FFI custom calls with a CPU path for every op.
 
 Importing this package never fails because a GPU, a GPU library or the CUDA extension is
 missing: those are reported by :func:`capabilities` and the gates in :mod:`jax_gpuext.gates`.
+It registers every FFI target with XLA, so exported programs that use our ops run after it
+(:func:`export_disabled_checks` gives ``jax.export`` the checks to disable).
 
-One subpackage per capability (``formats``, ``dot``, ``collectives``, ``memory``, ``checkpoints``)
+One subpackage per capability (``formats``, ``dot``, ``ragged_dot``, ``collectives``, ``memory``,
+``checkpoints``)
 and ``common`` for the plumbing they share (docs/design.md, "Where things are"). This module is
 the composition root: it imports every capability, so each op's backends and each capability's
 report section are registered before any submodule can be used. The old flat module names
@@ -19,7 +22,9 @@ from jax_gpuext.common import legacy as _legacy
 from jax_gpuext.common.backends import Backend, Selection
 from jax_gpuext.common.capabilities import capabilities
 from jax_gpuext.common.errors import UnsupportedError
+from jax_gpuext.common import extension as _extension
 from jax_gpuext.common.explain import Explanation, explain
+from jax_gpuext.common.export import export_disabled_checks
 from jax_gpuext.dot import block_scaled_dot, scaled_dot_general
 from jax_gpuext.formats import (
     FP8_1x128,
@@ -37,6 +42,7 @@ from jax_gpuext.formats import (
     to_blackwell_scale_layout,
 )
 from jax_gpuext.memory import MemorySpace, place
+from jax_gpuext.ragged_dot import GroupedBlockScaledArray, quantize_grouped, ragged_dot, scaled_ragged_dot
 
 __version__ = "0.1.0"
 
@@ -51,9 +57,11 @@ __all__ = [
     "distributed",
     "explain",
     "Explanation",
+    "export_disabled_checks",
     "FP8_128x128",
     "FP8_TENSOR",
     "FP8_1x128",
+    "GroupedBlockScaledArray",
     "from_blackwell_scale_layout",
     "gates",
     "MemorySpace",
@@ -63,7 +71,10 @@ __all__ = [
     "NVFP4",
     "place",
     "quantize",
+    "quantize_grouped",
+    "ragged_dot",
     "scaled_dot_general",
+    "scaled_ragged_dot",
     "Selection",
     "to_blackwell_scale_layout",
     "UnsupportedError",
@@ -76,3 +87,8 @@ def __getattr__(name: str):
 
 
 _legacy.install(_sys.modules[__name__])
+
+# Every FFI target of _cpu and _cuda, registered now (not at the first trace): a program exported
+# with our ops and deserialized in a fresh process finds its handlers after this import alone.
+# Never raises (a refused target turns its extension's gate off); initializes no jax backend.
+_extension.ensure_all_registered()

@@ -16,9 +16,6 @@ DTYPES = ("float32", "bfloat16", "float16", "float64", "int8", "uint8", "int32",
           "bool", "float8_e4m3fn", "float8_e5m2")
 SIZES = (0, 1, 37, 1000, (3 << 20) // 4)  # the last is larger than the 1 MiB workspace
 KERNELS = ("one_shot", "two_shot")
-NO_LIBRARY = ("bool", "float8_e4m3fn", "float8_e5m2")  # nvshmemx_*_reduce_on_stream has no such type
-# (13 dtypes x 3 algorithms - the 3 dtypes without nvshmem_library) x 4 ops x 5 sizes
-EXPECTED_CASES = 720
 TIMEOUT_TEST_S = 5.0
 ENV_EXIT = 3  # run_allreduce_mps.sh's "this machine cannot run it" status
 
@@ -43,7 +40,8 @@ def main() -> int:
     try:
         info = distributed.initialize(workspace_bytes=1 << 20)
         print(f"rank {args.rank}: NVSHMEM PE {info.my_pe} of {info.n_pes}, {info.status}", flush=True)
-        if info.init_status != distributed.FULL_MPG:  # the machine, not our code (run_allreduce_mps.sh)
+        shared_gpu = os.environ.get("GPU_PER_RANK", "0") != "1"  # run_allreduce_mps.sh: all ranks on GPU 0
+        if shared_gpu and info.init_status != distributed.FULL_MPG:  # the machine, not our code
             os.environ["JAX_GPUEXT_NVSHMEM_FINALIZE"] = "0"
             print(f"ENVIRONMENT: NVSHMEM is {info.status!r}, not full MPG: several PEs on one GPU need CUDA MPS "
                   "with full multi-process-per-GPU support", file=sys.stderr, flush=True)
@@ -101,19 +99,41 @@ def _check_captured(mesh, x) -> None:
         assert "gpuext_all_reduce_graph" in captured, f"{algorithm}: not in a command buffer ({captured})"
 
 
+def ops_for(dtype: str) -> tuple[str, ...]:
+    return ("and", "or", "max", "min") if dtype == "bool" else ("sum", "max", "min", "prod")
+
+
+def library_refusal(dtype: str, op: str) -> str | None:
+    """nvshmem_library's own predicate (jax_gpuext.collectives.all_reduce.library_refusal): the refusals this
+    check expects are the library's, never a second list kept here by hand."""
+    from jax_gpuext.collectives.all_reduce import library_refusal as predicate
+
+    return predicate(dtype, op)
+
+
+def expected_cases() -> int:
+    """Every (dtype, op, size) on both kernels, and on nvshmem_library where it takes the pair."""
+    return sum(len(SIZES) * (len(KERNELS) + (library_refusal(dtype, op) is None))
+               for dtype in DTYPES for op in ops_for(dtype))
+
+
 def _library_takes(dtype: str, op: str, mesh, x) -> bool:
-    """Whether nvshmem_library runs (dtype, op); only its refusal of NO_LIBRARY is expected."""
+    """Whether nvshmem_library runs (dtype, op): exactly when its predicate says so. A refusal it
+    does not predict (or an acceptance it does not) is a failure, with both answers."""
     import jax
 
     import jax_gpuext
 
+    why = library_refusal(dtype, op)
     try:  # the backend is chosen at trace time
         jax.eval_shape(_shard_jit(lambda v: (jax_gpuext.all_reduce(v, "i", op=op, algorithm="nvshmem_library"),),
                                   mesh, 1, 1), x)
-    except jax_gpuext.UnsupportedError:
-        if dtype in NO_LIBRARY:
+    except jax_gpuext.UnsupportedError as e:
+        if why is not None and why in str(e):
             return False
-        raise
+        raise AssertionError(f"nvshmem_library refused {dtype} {op} ({e}); its predicate says: "
+                             f"{why or 'takes it'}") from e
+    assert why is None, f"nvshmem_library took {dtype} {op}, but its predicate refuses it: {why}"
     return True
 
 
@@ -130,7 +150,7 @@ def check_all(rank: int, n: int) -> None:
         _check_captured(mesh, _global(np.ones(1000, np.float32), mesh))
     ran = 0
     for dtype in DTYPES:
-        for op in ("and", "or", "max", "min") if dtype == "bool" else ("sum", "max", "min", "prod"):
+        for op in ops_for(dtype):
             data = [[_data(dtype, op, size, r) for r in range(n)] for size in SIZES]  # all ranks': the reference
             xs = [_global(d[rank], mesh) for d in data]
             assert all(x.dtype == jnp.dtype(dtype) for x in xs), f"{dtype} became {xs[0].dtype}"
@@ -149,7 +169,7 @@ def check_all(rank: int, n: int) -> None:
                                                   want.astype(np.float64) if dtype != "bool" else want,
                                                   err_msg=f"{algorithm} {dtype} {op} {size}")
                     ran += 1
-    assert ran == EXPECTED_CASES, f"{ran} cases ran, expected {EXPECTED_CASES}"
+    assert ran == expected_cases(), f"{ran} cases ran, expected {expected_cases()}"
     jax_gpuext.distributed.check_status()
 
 

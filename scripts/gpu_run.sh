@@ -1,141 +1,313 @@
 #!/usr/bin/env bash
-# The one GPU script: build in place, run the GPU tests, run the benchmarks, write results.
+# The one GPU script: install the wheel built beforehand, run the GPU tests and the benchmarks,
+# write the results after every step (docs/design.md, "Running the GPU script through the device tool").
 #
-#   scripts/gpu_run.sh [--quick] [--no-build] [--only tests|bench]
+#   scripts/gpu_run.sh [--part 1|2] [--install wheel|build|installed] [--wheel FILE] [--only STEP,...]
 #
-# Time budget: the device tool stops a command at 10 minutes. Every step runs under `timeout`,
-# capped so the whole script ends within GPU_RUN_BUDGET_S (default 540 s) with its results
-# written; steps that no longer fit are skipped and listed in the results ("not run").
+# --part 1 (default) is the first call, most-wanted first, within GPU_RUN_BUDGET_S (default 400 s);
+# --part 2 the optional second call (default budget 240 s): what part 1 leaves out.
+# --install wheel (default): `pip install --no-index --no-deps --target $GPU_RUN_SITE` of the
+#   wheel in .whl/ (scripts/gpu_wheel.sh, built on a CPU machine beforehand); nothing is compiled here.
+#   build: the old in-place build (sm_90a; 2-3 minutes, so give it a larger budget); installed: the
+#   jax_gpuext already importable (the CPU dry run of tests/common/test_results_script.py).
+# --only: run just these steps of the part (a rerun after a fix).
 #
-# Writes $RESULTS_DIR/<date>-<device>.json and .md (default benchmarks/results/) with device,
-# driver, versions, commit and every number. GPU_RUN_COMMIT names the commit where .git is absent
-# (the device tool copies the working tree without it). Expects a machine with an NVIDIA GPU, nvcc,
-# and jax with CUDA installed; nothing is downloaded (pip --no-build-isolation --no-deps).
+# Every step runs under `timeout`, bounded by its own limit and by what is left of the budget less
+# GPU_RUN_RESERVE_S; a step whose expected time no longer fits is not started and is listed in the
+# results as not run. Each step's bound contains the bounds of what it starts (a rank < its test <
+# the step), and after each step whatever it left behind (all-reduce ranks, an MPS daemon) is stopped.
+# Writes $RESULTS_DIR/<date>-<time>-<device>-part<N>.{json,md} (default benchmarks/results/) after
+# every step. GPU_RUN_COMMIT names the commit of this tree (the device tool copies it without .git);
+# unset, the results name the commit the installed build records.
+#
+# GPU_RUN_DRY_RUN=1 (CPU, tests only): env, install and info run; every other step runs
+# $GPU_RUN_DRY_STUB (default `true`) instead of its command, with GPU_RUN_STEP / GPU_RUN_STEP_BOUND
+# set and the command as arguments, and the clock advances by the step's expected time.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-QUICK=0; BUILD=1; ONLY=all
+PART=1; INSTALL=wheel; WHEEL=""; ONLY=""
 while [ $# -gt 0 ]; do
   case "$1" in
-    --quick) QUICK=1 ;; --no-build) BUILD=0 ;; --only) ONLY="$2"; shift ;;
+    --part) PART="$2"; shift ;; --install) INSTALL="$2"; shift ;; --wheel) WHEEL="$2"; shift ;;
+    --only) ONLY=",$2,"; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac; shift
 done
+case "$PART" in 1|2) ;; *) echo "--part must be 1 or 2" >&2; exit 2 ;; esac
+case "$INSTALL" in wheel|build|installed) ;; *) echo "--install must be wheel, build or installed" >&2; exit 2 ;; esac
+
+# The steps of each part, most wanted first: name, bound, expected time and (optional) the least
+# bound worth starting it with, in seconds. A step starts only if what is left of the budget covers
+# its expected time and that least bound; its bound is then capped by what is left. The expected
+# times sum to less than the part's budget; docs/design.md's time table is this table.
+STEPS_1=(
+  "env 20 5"
+  "install 60 10"
+  "info 45 10"
+  "tests_main 150 80"          # every GPU test but hopper_mx's and the multi-process ones
+  "tests_hopper_mx 75 35"      # the raw-PTX kernel that has never run: its own group, may hang
+  "bench_quantize 45 20"
+  "bench_dot 75 40"            # --quick; hopper_mx left out unless its tests passed
+  "bench_hopper_mx 45 20"      # only if its tests passed
+  "probe_cudnn 30 10"
+  "allreduce_2_plain 150 70 110"  # 2 ranks under MPS, every dtype x op x algorithm x size
+  "allreduce_2_timeout 90 25 80"  # a missing peer is named within the timeout
+  "memcheck 90 45"             # compute-sanitizer memcheck on one small target
+)
+STEPS_2=(
+  "env 20 5"
+  "install 60 10"
+  "info 45 10"
+  "allreduce_2_command_buffer 120 60 100"
+  "tests_ragged_hopper 75 35"  # ragged_dot's grouped sm_90a kernel has never run: its own group, may hang
+  "allreduce_4_plain 150 80 120"
+  "bench_allreduce 90 50 70"
+  "bench_ragged_dot 75 40"     # --quick; the hopper backend only if its tests passed
+  "racecheck 75 40"            # compute-sanitizer racecheck on one tiny target
+  "memcheck_ragged 90 45"      # memcheck on the grouped kernel's out-of-range group sizes
+  "bench_dot_full 150 90"      # the whole dot table and its LLM-shape plot
+)
+DEFAULT_BUDGET=(0 400 240)
 PY=${PYTHON:-python3}
 RESULTS_DIR=${RESULTS_DIR:-benchmarks/results}
-WORK=$(mktemp -d); mkdir -p "$RESULTS_DIR"
-BUDGET=${GPU_RUN_BUDGET_S:-540}
-
-# bound NAME SECONDS: prints the timeout a step may use (its own bound, capped by what is left of
-# the budget less 20 s for writing results), or records the step as not run and fails.
-bound() {
-  local left=$((BUDGET - SECONDS - 20))
-  if [ "$left" -lt 30 ]; then
-    echo "$1 (budget: ${SECONDS}s of ${BUDGET}s used)" >> "$WORK/skipped.txt"
-    echo "--- $1: skipped, the time budget is spent" >&2
-    return 1
-  fi
-  echo $(( $2 < left ? $2 : left ))
-}
+BUDGET=${GPU_RUN_BUDGET_S:-${DEFAULT_BUDGET[$PART]}}
+RESERVE=${GPU_RUN_RESERVE_S:-10}  # for the results written at the end
+KILL_AFTER=10                     # a step's command gets SIGKILL this long after its signal
+DRY=${GPU_RUN_DRY_RUN:-0}
+SITE=${GPU_RUN_SITE:-/tmp/jax_gpuext_site}
+WORK=$(mktemp -d); mkdir -p "$RESULTS_DIR" "$WORK/mps"
+REPO=$PWD
+export GPU_RUN_PART=$PART GPU_RUN_STAMP=${GPU_RUN_STAMP:-$(date -u +%Y-%m-%d-%H%M)} MPS_TMP_ROOT=$WORK/mps
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_GPUEXT_REQUIRE_GPU=1
 # The tests must exercise every GPU backend, verified or not: `auto` takes unverified ones here
 # (jax_gpuext/common/verified.py). The junit files record which backend each test verifies, and the
 # results carry the build's source fingerprints; scripts/update_verified.py turns them into the record.
-TEST_ENV=(JAX_GPUEXT_ALLOW_UNVERIFIED=1)
-
-nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader \
-  || { echo "no NVIDIA GPU visible (nvidia-smi failed)" >&2; exit 1; }
-
-if [ "$BUILD" = 1 ]; then
-  echo "=== build (in place, against the installed jaxlib's FFI headers)"
-  # sm_90a only: the H100 is the target here, and it keeps the build short.
-  JAX_GPUEXT_CUDA=ON JAX_GPUEXT_CUDA_ARCHITECTURES="${JAX_GPUEXT_CUDA_ARCHITECTURES:-90a-real}" \
-    "$PY" -m pip install --no-build-isolation --no-deps -q . 2>&1 | tail -20 || exit 1
+export JAX_GPUEXT_ALLOW_UNVERIFIED=1
+if [ "$INSTALL" = wheel ]; then
+  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+  if [ -z "$WHEEL" ]; then
+    WHEEL=$(ls .whl/jax_gpuext-*.whl 2>/dev/null | head -1)
+    [ -n "$WHEEL" ] || { echo "no wheel in .whl/: build it beforehand (scripts/gpu_wheel.sh) or pass --install build" >&2; exit 2; }
+  fi
 fi
-(cd / && "$PY" -m jax_gpuext info) | tee "$WORK/info.txt"
-(cd / && "$PY" -m jax_gpuext info --json) > "$WORK/info.json"
+# The tests after the reorganisation of tests/ by capability, or before it.
+HOPPER_TESTS=$(ls tests/dot/test_hopper_mx.py tests/test_hopper_mx.py 2>/dev/null | head -1)
+RAGGED_HOPPER_TESTS=tests/ragged_dot/test_ragged_dot_hopper.py
+ALLREDUCE_TESTS=$(ls tests/collectives/test_allreduce.py tests/test_allreduce.py 2>/dev/null | head -1)
 
-# Results are rewritten after every step, so a run cut short (the device tool's 10-minute limit,
-# a hung kernel) still leaves every number measured before it.
 write_results() {
-  GPU_RUN_COMMIT=${GPU_RUN_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)} \
-    "$PY" scripts/write_results.py --work "$WORK" --out-dir "$RESULTS_DIR" --tests-status "$status"
+  "$PY" scripts/write_results.py --work "$WORK" --out-dir "$RESULTS_DIR" --tests-status "$status" >/dev/null
 }
 
-# One pytest per group, each bounded and with its own junit file: a hang (hopper_mx's raw-PTX
-# kernel has never run) costs its own group only. 124 in the log means the bound was hit.
-# At the bound pytest gets SIGINT, so it still writes the junit file for the tests it finished
-# (KILL 15 s later if a hung kernel keeps it from returning to Python). -v names each test as it
-# starts, so a log cut off by a hang ends with the test that hung.
-run_tests() {
-  local name=$1 limit=$2; shift 2
-  group_rc=not-run
-  limit=$(bound "gpu tests $name" "$limit") || return 0
-  (cd / && env "${TEST_ENV[@]}" timeout --signal=INT --kill-after=15 "$limit" "$PY" -m pytest "$@" -m gpu -v -rfEs \
-     --junitxml="$WORK/gpu-tests-$name.xml") 2>&1 | tee "$WORK/gpu-tests-$name.txt"
-  local rc=${PIPESTATUS[0]}
-  group_rc=$rc
-  echo "gpu tests $name: exit $rc"
-  echo "$name $rc" >> "$WORK/test_exits.txt"  # write_results.py keeps the log's tail of a group cut short
-  [ "$rc" -ne 0 ] && status=$rc
-  write_results
+# Whatever a step left behind: ranks of a run_allreduce_mps.sh that was killed outright (its trap
+# never ran) and the MPS daemon it started. Each such run leaves its directory under $MPS_TMP_ROOT.
+sweep() {
+  local d pg
+  for d in "$WORK"/mps/allreduce.*; do
+    [ -d "$d" ] || continue
+    if [ -f "$d/rank_pgids" ]; then
+      while read -r pg; do
+        kill -KILL -- "-$pg" 2>/dev/null && echo "after $1: killed the leftover rank process group $pg" >> "$WORK/cleanup.txt"
+      done < "$d/rank_pgids"
+    fi
+    if [ -d "$d/pipe" ] && command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
+      echo quit | CUDA_MPS_PIPE_DIRECTORY="$d/pipe" timeout 10 nvidia-cuda-mps-control >/dev/null 2>&1 \
+        && echo "after $1: stopped a leftover MPS daemon" >> "$WORK/cleanup.txt"
+    fi
+    rm -rf "$d"
+  done
 }
 
 status=0
-if [ "$ONLY" != bench ]; then
-  echo "=== GPU tests (closed gates fail under JAX_GPUEXT_REQUIRE_GPU=1, architecture gates skip)"
-  run_tests main "${TEST_TIMEOUT_S:-300}" "$PWD/tests" --ignore="$PWD/tests/dot/test_hopper_mx.py"
-  run_tests hopper_mx "${HOPPER_TEST_TIMEOUT_S:-150}" "$PWD/tests/dot/test_hopper_mx.py"
-  # pytest's exit status, not the junit file: one interrupted at its bound (a hang) still writes one
-  HOPPER_MX_OK=$([ "$group_rc" = 0 ] && echo 1 || echo 0)
-  if command -v compute-sanitizer >/dev/null 2>&1 && [ -f tests/sanitizer_targets.txt ]; then
-    echo "=== compute-sanitizer (memcheck, racecheck) on tests/sanitizer_targets.txt"
-    while read -r target; do
-      [ -z "$target" ] && continue
-      for tool in memcheck racecheck; do
-        # Bounded: racecheck over a whole JAX process is slow, and a device command has 10 minutes.
-        limit=$(bound "compute-sanitizer $tool $target" "${SANITIZER_TIMEOUT_S:-150}") || continue
-        (cd / && env "${TEST_ENV[@]}" timeout --kill-after=15 "$limit" compute-sanitizer --tool "$tool" --error-exitcode 9 \
-           "$PY" -m pytest -q -x "$OLDPWD/tests/$target") \
-          > "$WORK/sanitizer-$tool-$(echo "$target" | tr '/:' '__').txt" 2>&1
-        echo "$tool $target: exit $?" | tee -a "$WORK/sanitizer.txt"
-      done
-    done < tests/sanitizer_targets.txt
+finish() { sweep "the run"; write_results; echo "results: $RESULTS_DIR (work files: $WORK)"; }
+trap finish EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
+
+# ---------------------------------------------------------------- the steps' commands
+step_env() {  # what the machine has, before anything is installed: the results keep it
+  {
+    echo "## nvidia-smi"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap,compute_mode,mig.mode.current --format=csv 2>&1
+    nvidia-smi -L 2>&1
+    echo "## python"; "$PY" -VV
+    echo "## pip: jax and NVIDIA packages"
+    "$PY" -m pip list 2>/dev/null | grep -iE '^(jax|jaxlib|jax-cuda|nvidia|cuda|ml.dtypes|numpy|pytest|flax) '
+    echo "## tools"
+    for t in nvidia-cuda-mps-control compute-sanitizer ncu nvcc; do echo "$t: $(command -v "$t" || echo MISSING)"; done
+    echo "## /dev/shm (NVSHMEM's intra-node bootstrap and MPS use it)"; df -h /dev/shm 2>&1 | tail -1
+    echo "## glibc"; ldd --version 2>&1 | head -1
+    echo "## CPU"; nproc
+  } > "$WORK/environment.txt" 2>&1
+  cat "$WORK/environment.txt"
+}
+
+step_install() {
+  case "$INSTALL" in
+    wheel)
+      [ -f "$WHEEL" ] || { echo "no wheel $WHEEL" >&2; return 1; }
+      cp "$(dirname "$WHEEL")/wheel.json" "$WORK/wheel.json" 2>/dev/null || echo "(no wheel.json next to $WHEEL)"
+      rm -rf "$SITE"
+      # with the runtime dependencies the image may lack (scripts/gpu_wheel.sh puts them in deps/)
+      local deps=("$(dirname "$WHEEL")"/deps/*.whl)
+      [ -e "${deps[0]}" ] || deps=()
+      "$PY" -m pip install -q --no-index --no-deps --target "$SITE" "$WHEEL" "${deps[@]}" || return 1 ;;
+    build)
+      # sm_90a only: the H100 is the target here, and it keeps the build short.
+      JAX_GPUEXT_CUDA=ON JAX_GPUEXT_CUDA_ARCHITECTURES="${JAX_GPUEXT_CUDA_ARCHITECTURES:-90a-real}" \
+        "$PY" -m pip install --no-build-isolation --no-deps -q . 2>&1 | tail -20
+      [ "${PIPESTATUS[0]}" = 0 ] || return 1 ;;
+    installed) ;;
+  esac
+  (cd / && "$PY" -P -c 'import jax_gpuext; print("jax_gpuext from", jax_gpuext.__file__)')
+}
+
+step_info() {  # one process for the table and the JSON the results are built from
+  (cd / && "$PY" -P -c '
+import json, sys
+from jax_gpuext.common.capabilities import capabilities, format_table
+report = capabilities()
+json.dump(report, open(sys.argv[1], "w"), indent=2)
+print(format_table(report))' "$WORK/info.json") | tee "$WORK/info.txt"
+}
+
+# pytest group NAME ARGS...: from / (the source tree must not shadow the installed package), -v so
+# a log cut off by a hang ends with the test that hung, its own junit file. A module that cannot be
+# collected there (a test-only package the image lacks) must not cost the whole group: its error
+# is reported and the other tests still run.
+step_pytest() {
+  local name=$1; shift
+  cd / && "$PY" -m pytest -p no:cacheprovider -v -rfEs --continue-on-collection-errors \
+    --junitxml="$WORK/gpu-tests-$name.xml" "$@"
+}
+
+# step_sanitizer KEY: the one target tests/sanitizer_targets.txt names for KEY, "TOOL" or "TOOL:what"
+# (a second target of one tool, a step of its own). XLA's allocator
+# would hide most out-of-bounds accesses inside its pool: the platform allocator gives every
+# buffer its own allocation.
+step_sanitizer() {
+  local key=$1 tool=${1%%:*} target
+  target=$(awk -v t="$key" '$1 == t {print $2; exit}' "$REPO/tests/sanitizer_targets.txt")
+  [ -n "$target" ] || { echo "no $key target in tests/sanitizer_targets.txt"; return 2; }
+  echo "compute-sanitizer --tool $tool on $target"
+  cd / && XLA_PYTHON_CLIENT_ALLOCATOR=platform compute-sanitizer --tool "$tool" --error-exitcode 9 \
+    "$PY" -m pytest -p no:cacheprovider -q -x "$REPO/tests/$target"
+}
+
+step_mps_test() {  # step_mps_test NPROC MODE BOUND: one all-reduce check under MPS, its bound inside the step's
+  local nproc=$1 mode=$2 bound=$3
+  # the test < this step: 25 s for pytest's start (JAX, the GPU) before the test and for stopping
+  # it (10 s from SIGTERM to SIGKILL) and writing junit after it; the ranks' bound is the test's
+  # less MPS_MARGIN_S, 25 s (tests/collectives/test_allreduce.py): bound 150 gives the ranks 90 s
+  JAX_GPUEXT_MPS_TEST_TIMEOUT_S=$((bound - KILL_AFTER - 25)) \
+    step_pytest "allreduce_${nproc}_$mode" "$REPO/$ALLREDUCE_TESTS::test_gpu_processes_under_mps[$mode-$nproc]"
+}
+
+step_bench() {  # step_bench NAME ARGS...
+  local name=$1; shift
+  cd / && "$PY" "$REPO/benchmarks/$name.py" --out "$WORK/$name.json" "$@"
+}
+export -f step_env step_install step_info step_pytest step_sanitizer step_mps_test step_bench
+export PY WORK SITE WHEEL INSTALL REPO ALLREDUCE_TESTS KILL_AFTER
+
+# The command of step NAME with bound BOUND, into the array CMD; returns 1 (with a reason in
+# SKIP_WHY) for a step that must not run.
+step_command() {
+  local name=$1 bound=$2
+  SKIP_WHY=""
+  case "$name" in
+    env) CMD=(bash -c step_env) ;;
+    install) CMD=(bash -c step_install) ;;
+    info) CMD=(bash -c step_info) ;;
+    # tests/fuzz has no GPU tests and needs hypothesis, which the GPU image need not have
+    tests_main) CMD=(bash -c 'step_pytest main "$REPO/tests" -m "gpu and not multiprocess" --ignore="$REPO/$1" \
+                      --ignore="$REPO/$2" --ignore="$REPO/tests/fuzz"' _ "$HOPPER_TESTS" "$RAGGED_HOPPER_TESTS") ;;
+    tests_hopper_mx) CMD=(bash -c 'step_pytest hopper_mx "$REPO/$1" -m gpu' _ "$HOPPER_TESTS") ;;
+    tests_ragged_hopper) CMD=(bash -c 'step_pytest ragged_hopper "$REPO/$1" -m gpu' _ "$RAGGED_HOPPER_TESTS") ;;
+    bench_ragged_dot)
+      CMD=(bash -c 'step_bench bench_ragged_dot --quick ${1:+--skip-backends hopper}' _ "$([ "$RAGGED_HOPPER_OK" = 1 ] || echo skip)") ;;
+    bench_quantize) CMD=(bash -c 'step_bench bench_quantize --quick') ;;
+    bench_dot)
+      # a hopper_mx kernel that failed its tests (it may hang) stays out of the dot table
+      CMD=(bash -c 'step_bench bench_dot --quick ${1:+--skip-backends hopper_mx}' _ "$([ "$HOPPER_MX_OK" = 1 ] || echo skip)") ;;
+    bench_hopper_mx)
+      [ "$HOPPER_MX_OK" = 1 ] || { SKIP_WHY="the hopper_mx tests did not pass; its numbers would mean nothing"; return 1; }
+      CMD=(bash -c 'step_bench bench_hopper_mx --quick') ;;
+    probe_cudnn) CMD=(bash -c 'step_bench probe_cudnn') ;;
+    allreduce_2_plain) CMD=(bash -c 'step_mps_test 2 plain "$1"' _ "$bound") ;;
+    allreduce_2_timeout) CMD=(bash -c 'step_mps_test 2 timeout "$1"' _ "$bound") ;;
+    allreduce_2_command_buffer) CMD=(bash -c 'step_mps_test 2 command_buffer "$1"' _ "$bound") ;;
+    allreduce_4_plain) CMD=(bash -c 'step_mps_test 4 plain "$1"' _ "$bound") ;;
+    bench_allreduce)
+      # its ranks < this step (run_allreduce_mps.sh's WORKER_TIMEOUT_S)
+      CMD=(bash -c 'WORKER_TIMEOUT_S=$(($1 - KILL_AFTER - 25)) step_bench bench_allreduce --nproc 2 --quick' _ "$bound") ;;
+    bench_dot_full) CMD=(bash -c 'step_bench bench_dot --plot "$WORK/bench_dot.png" ${1:+--skip-backends hopper_mx}' _ "$([ "$HOPPER_MX_OK" = 1 ] || echo skip)") ;;
+    memcheck) CMD=(bash -c 'step_sanitizer memcheck') ;;
+    memcheck_ragged) CMD=(bash -c 'step_sanitizer memcheck:ragged') ;;
+    racecheck) CMD=(bash -c 'step_sanitizer racecheck') ;;
+    *) echo "no command for step $name" >&2; return 2 ;;
+  esac
+}
+
+# Part 2 may run on a fresh machine: whether hopper_mx passed in part 1 comes from HOPPER_MX_OK.
+HOPPER_MX_OK=${HOPPER_MX_OK:-1}
+RAGGED_HOPPER_OK=${RAGGED_HOPPER_OK:-1}
+steps_var="STEPS_$PART[@]"
+for spec in "${!steps_var}"; do
+  read -r name want est least <<< "$spec"
+  [ -z "$ONLY" ] || [[ $ONLY == *",$name,"* ]] || continue
+  # the in-place build: 2-3 minutes of nvcc on the GPU machine (give it GPU_RUN_BUDGET_S to match)
+  if [ "$name" = install ] && [ "$INSTALL" = build ]; then want=330; est=180; fi
+  left=$((BUDGET - SECONDS - RESERVE))
+  least=${least:-$est}; [ "$least" -ge $((KILL_AFTER + 10)) ] || least=$((KILL_AFTER + 10))
+  if [ "$left" -lt "$est" ] || [ "$left" -lt "$least" ]; then
+    echo "$name (needs ~${est}s and a bound of ${least}s, ${left}s of the budget left)" >> "$WORK/skipped.txt"
+    echo "--- $name: not run, the time budget is spent (${SECONDS}s of ${BUDGET}s used)"
+    continue
   fi
-fi
-
-if [ "$ONLY" != tests ]; then
-  echo "=== benchmarks and probes"
-  # Most wanted first (issue targets, then the long multi-process all-reduce), then any others.
-  ordered=(benchmarks/bench_quantize.py benchmarks/probe_cudnn.py benchmarks/bench_dot.py
-           benchmarks/bench_hopper_mx.py benchmarks/bench_allreduce.py)
-  # bench_cpu is the CPU table (issue 18) that CI prints (.ci/bench_cpu.sh): no device time for it.
-  for f in benchmarks/bench_*.py benchmarks/probe_*.py; do
-    [ "$f" = benchmarks/bench_cpu.py ] && continue
-    [[ " ${ordered[*]} " == *" $f "* ]] || ordered+=("$f")
-  done
-  for bench in "${ordered[@]}"; do
-    [ -f "$bench" ] || continue
-    name=$(basename "$bench" .py)
-    if [ "$name" = bench_hopper_mx ] && [ "${HOPPER_MX_OK:-1}" = 0 ]; then
-      echo "bench_hopper_mx: skipped (the hopper_mx tests failed or timed out; its numbers would mean nothing)"
-      echo "bench_hopper_mx (the hopper_mx tests failed or timed out)" >> "$WORK/skipped.txt"
-      continue
-    fi
-    args=(--out "$WORK/$name.json")
-    [ "$QUICK" = 1 ] && args+=(--quick)
-    [ "$name" = bench_dot ] && args+=(--plot "$WORK/bench_dot.png")  # issue 4's LLM-shape plot
-    # a hopper_mx kernel that failed its tests (it may hang) stays out of the dot table
-    [ "$name" = bench_dot ] && [ "${HOPPER_MX_OK:-1}" = 0 ] && args+=(--skip-backends hopper_mx)
-    limit=$(bound "$name" "${BENCH_TIMEOUT_S:-240}") || continue
-    (cd / && timeout "$limit" "$PY" "$OLDPWD/$bench" "${args[@]}") 2>&1 | tee "$WORK/$name.txt"
-    rc=${PIPESTATUS[0]}
-    echo "$name: exit $rc"
-    # write_results.py reports a step that left no JSON by this exit status and its log's tail
-    echo "$name $rc" >> "$WORK/bench_exits.txt"
-    write_results
-  done
-fi
-
-echo "=== results"
-write_results
+  bound=$((want < left ? want : left))
+  if ! step_command "$name" "$bound"; then
+    echo "$name ($SKIP_WHY)" >> "$WORK/skipped.txt"
+    echo "--- $name: not run: $SKIP_WHY"
+    continue
+  fi
+  echo "=== $name (bound ${bound}s, expected ~${est}s; ${SECONDS}s of ${BUDGET}s used)"
+  # Its log, under the name write_results.py looks for: gpu-tests-<group>.txt for a test group,
+  # <benchmark>.txt for a benchmark, sanitizer-<tool>.txt for compute-sanitizer.
+  case "$name" in
+    tests_*) id=${name#tests_}; log=$WORK/gpu-tests-$id.txt ;;
+    allreduce_*) id=$name; log=$WORK/gpu-tests-$id.txt ;;
+    bench_*|probe_*) id=${name%_full}; log=$WORK/$id.txt ;;
+    memcheck|racecheck|memcheck_*) id=$name; log=$WORK/sanitizer-$name.txt ;;
+    *) id=$name; log=$WORK/$name.txt ;;
+  esac
+  start=$SECONDS
+  if [ "$DRY" = 1 ] && [[ ! " env install info " == *" $name "* ]]; then
+    GPU_RUN_STEP=$name GPU_RUN_STEP_BOUND=$bound RESULTS_DIR=$RESULTS_DIR ${GPU_RUN_DRY_STUB:-true} "${CMD[@]}"
+    rc=$?
+  else
+    # pytest at its bound gets SIGINT, so it still writes the junit file of the tests it finished;
+    # GNU timeout signals its whole process group, and SIGKILL follows KILL_AFTER later.
+    timeout --signal=INT --kill-after="$KILL_AFTER" "$((bound - KILL_AFTER))" "${CMD[@]}" > "$log" 2>&1
+    rc=$?
+    tail -n 40 "$log"
+  fi
+  [ "$DRY" = 1 ] && SECONDS=$((start + est))  # the clock a real run would have (see below)
+  echo "--- $name: exit $rc after $((SECONDS - start))s"
+  echo "$name $bound $est $start $((SECONDS - start)) $rc" >> "$WORK/steps.txt"
+  case "$name" in
+    tests_*|allreduce_*) echo "$id $rc" >> "$WORK/test_exits.txt"; [ "$rc" = 0 ] || status=$rc ;;
+    bench_*|probe_*) echo "$id $rc" >> "$WORK/bench_exits.txt" ;;
+    memcheck|racecheck|memcheck_*)
+      key=${name/_/:}
+      echo "$key $(awk -v t="$key" '$1 == t {print $2; exit}' tests/sanitizer_targets.txt): exit $rc" >> "$WORK/sanitizer.txt" ;;
+    install) [ "$rc" = 0 ] || { echo "the install failed: nothing else can run" >&2; exit 1; } ;;
+  esac
+  # pytest's exit status, not the junit file: one interrupted at its bound (a hang) still writes one
+  [ "$name" = tests_hopper_mx ] && HOPPER_MX_OK=$([ "$rc" = 0 ] && echo 1 || echo 0)
+  [ "$name" = tests_ragged_hopper ] && RAGGED_HOPPER_OK=$([ "$rc" = 0 ] && echo 1 || echo 0)
+  sweep "$name"
+  write_results
+  [ "$DRY" = 1 ] && SECONDS=$((start + est))  # the dry run's clock: the expected times alone
+done
 exit $status

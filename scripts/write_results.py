@@ -199,6 +199,31 @@ def _table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+STEP_FIELDS = ("step", "bound_s", "expected_s", "started_s", "seconds", "exit_status")
+
+
+def _steps(work: str) -> list[dict]:
+    """gpu_run.sh's `<step> <bound> <expected> <started at> <seconds> <exit status>` lines."""
+    return [dict(zip(STEP_FIELDS, [ln.split()[0]] + [int(v) for v in ln.split()[1:]]))
+            for ln in _lines(os.path.join(work, "steps.txt"))]
+
+
+def _json(path: str) -> dict:
+    try:
+        return json.load(open(path))
+    except (OSError, ValueError):
+        return {}
+
+
+def _commit(build_source: dict) -> tuple[str, str]:
+    """The commit the results name, and where it came from: GPU_RUN_COMMIT (the tree the scripts
+    and tests ran from), else the commit the installed build records (the wheel's)."""
+    if os.environ.get("GPU_RUN_COMMIT"):
+        return os.environ["GPU_RUN_COMMIT"], "GPU_RUN_COMMIT"
+    commit = build_source.get("commit") or "unknown"
+    return commit + ("-dirty" if build_source.get("dirty") else ""), "the installed build (build_source.json)"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", required=True)
@@ -206,28 +231,42 @@ def main() -> None:
     ap.add_argument("--tests-status", type=int, default=None)
     args = ap.parse_args()
 
-    info = json.load(open(os.path.join(args.work, "info.json")))
+    # info.json exists once the run's `info` step has run; results written before it (the
+    # environment check, the install) carry what there is.
+    info = _json(os.path.join(args.work, "info.json"))
     smi = _nvidia_smi()
     benches = _benchmarks(args.work)
     sanitizer = open(os.path.join(args.work, "sanitizer.txt")).read() if os.path.exists(
         os.path.join(args.work, "sanitizer.txt")) else None
     device = re.sub(r"[^A-Za-z0-9]+", "-", smi.get("name", "unknown-gpu")).strip("-").lower()
-    stamp = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    stamp = os.environ.get("GPU_RUN_STAMP") or f"{now:%Y-%m-%d-%H%M}"  # fixed for the whole run
+    part = os.environ.get("GPU_RUN_PART")
+    build_source = info.get("build_source") or {}
+    commit, commit_from = _commit(build_source)
     result = {
-        "date": stamp.isoformat(timespec="seconds"),
-        "commit": os.environ.get("GPU_RUN_COMMIT", "unknown"),
+        "date": now.isoformat(timespec="seconds"),
+        "part": None if part is None else int(part),
+        "commit": commit,
+        "commit_from": commit_from,
+        "build_source": build_source,
+        "wheel": _json(os.path.join(args.work, "wheel.json")) or None,
         "device": smi,
+        "environment": _lines(os.path.join(args.work, "environment.txt")),
         "versions": {k: info.get(k) for k in ("python", "jax", "jaxlib", "jaxlib_ffi_api", "cuda_driver")}
-        | {"cuda_extension": info["extensions"].get("cuda"),
-           "libraries": {k: v.get("version") for k, v in info["libraries"].items()}},
-        "gates": {k: [v["supported"], v["reason"]] for k, v in info["gates"].items()},
+        | {"cuda_extension": info.get("extensions", {}).get("cuda"),
+           "libraries": {k: v.get("version") for k, v in info.get("libraries", {}).items()}},
+        "nvshmem": info.get("nvshmem"),
+        "gates": {k: [v["supported"], v["reason"]] for k, v in info.get("gates", {}).items()},
+        "steps": _steps(args.work),
         "gpu_tests": _tests(args.work) | {"exit_status": args.tests_status},
         "sanitizer": sanitizer,
         "sanitizer_reports": _sanitizer_reports(args.work),
         "not_run": _lines(os.path.join(args.work, "skipped.txt")),
+        "cleanup": _lines(os.path.join(args.work, "cleanup.txt")),
         "benchmarks": benches,
     }
-    base = os.path.join(args.out_dir, f"{stamp:%Y-%m-%d}-{device}")
+    base = os.path.join(args.out_dir, f"{stamp}-{device}" + (f"-part{part}" if part else ""))
     plots = []
     for png in sorted(glob.glob(os.path.join(args.work, "*.png"))):  # e.g. bench_dot's LLM-shape chart
         dest = f"{base}-{os.path.basename(png)}"
@@ -237,14 +276,29 @@ def main() -> None:
     with open(base + ".json", "w") as f:
         json.dump(result, f, indent=2)
 
-    md = [f"# GPU run {result['date']} on {smi.get('name', '?')}", "",
-          f"- commit: `{result['commit']}`",
+    wheel = result["wheel"] or {}
+    nv = result["nvshmem"] or {}
+    md = [f"# GPU run {result['date']} on {smi.get('name', '?')}" + (f", part {part}" if part else ""), "",
+          f"- commit: `{result['commit']}` (from {commit_from})",
+          f"- build: commit `{build_source.get('commit', '?')}`" + (" with uncommitted changes" if build_source.get("dirty")
+                                                                 else "")
+          + (f"; wheel {wheel['wheel']} ({wheel.get('size_bytes', 0) / 1e6:.1f} MB, sha256 {wheel.get('sha256', '?')[:12]})"
+             if wheel.get("wheel") else ""),
           f"- driver: {smi.get('driver_version', '?')}, compute capability {smi.get('compute_cap', '?')}, "
           f"memory {smi.get('memory.total', '?')}",
           "- versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items() if k != "libraries"
                                      and not isinstance(v, dict)),
           "- libraries: " + ", ".join(f"{k} {v}" for k, v in result["versions"]["libraries"].items()),
+          f"- NVSHMEM: built against {nv.get('built_against')}, host {nv.get('host')}: "
+          + ("compatible" if nv.get("compatible") else "refused") + f" ({nv.get('reason')})"
+          if nv.get("built_against") else f"- NVSHMEM: {nv.get('reason', '?')}",
           ""]
+    if result["steps"]:
+        md += ["## Steps", "", _table(result["steps"]), ""]
+    if result["cleanup"]:
+        md += ["Left behind by a step and stopped:", ""] + [f"- {c}" for c in result["cleanup"]] + [""]
+    if result["environment"]:
+        md += ["## Environment (before the install)", "", "```", *result["environment"], "```", ""]
     t = result["gpu_tests"]
     if t.get("ran"):
         cases = t["cases"]

@@ -1,9 +1,12 @@
 #include "csrc/dot/cublaslt_api.h"
 
+#include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
+#include <map>
 #include <mutex>
 
+#include "csrc/common/cuda_check.h"
 #include "csrc/common/open_library.h"
 
 namespace gpuext {
@@ -34,6 +37,9 @@ Status LoadOnce(const std::string& path, CublasLtApi* api, std::string* opened) 
   GPUEXT_RETURN_IF_ERROR(
       Resolve(lib, "cublasLtMatmulPreferenceSetAttribute", &api->MatmulPreferenceSetAttribute));
   GPUEXT_RETURN_IF_ERROR(Resolve(lib, "cublasLtMatmulAlgoGetHeuristic", &api->MatmulAlgoGetHeuristic));
+  // Optional (null where this cuBLASLt predates it): the grouped GEMM of cuBLAS >= 13.2.
+  api->GroupedMatrixLayoutCreate =
+      reinterpret_cast<CublasLtApi::GroupedMatrixLayoutCreateFn>(dlsym(lib, "cublasLtGroupedMatrixLayoutCreate"));
   return Status::Ok();
 }
 
@@ -56,6 +62,30 @@ Status LoadCublasLt(const std::string& path, const CublasLtApi** api) {
     return Status::Error("cuBLASLt already loaded from " + loaded_path + ", asked for " + path);
   }
   *api = loaded;
+  return Status::Ok();
+}
+
+Status CublasLtHandleOf(const CublasLtApi* api, int device, cublasLtHandle_t* handle) {
+  static std::mutex mu;
+  static auto* handles = new std::map<int, cublasLtHandle_t>();
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = handles->find(device);
+  if (it != handles->end()) {
+    *handle = it->second;
+    return Status::Ok();
+  }
+  GPUEXT_CUBLAS_RETURN_IF_ERROR(api->Create(handle));
+  (*handles)[device] = *handle;
+  return Status::Ok();
+}
+
+Status StandInDeviceBuffer(int device, char** buffer) {
+  static std::mutex mu;
+  static auto* buffers = new std::map<int, void*>();
+  std::lock_guard<std::mutex> lock(mu);
+  void*& b = (*buffers)[device];
+  if (b == nullptr) GPUEXT_CUDA_RETURN_IF_ERROR(cudaMalloc(&b, 256));
+  *buffer = static_cast<char*>(b);
   return Status::Ok();
 }
 

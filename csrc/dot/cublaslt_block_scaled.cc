@@ -5,7 +5,6 @@
 #include <mutex>
 #include <tuple>
 
-#include "csrc/common/cuda_check.h"
 #include "csrc/common/scoped_device.h"
 #include "csrc/dot/cublaslt_api.h"
 
@@ -20,22 +19,6 @@ static_assert(CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0 == 2, "scale mode numberi
 static_assert(CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F == 4, "scale mode numbering changed");
 static_assert(CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F == 5, "scale mode numbering changed");
 
-// RAII for the descriptors: every early return releases what was created.
-struct Descriptors {
-  const CublasLtApi* api;
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
-  explicit Descriptors(const CublasLtApi* api) : api(api) {}
-  ~Descriptors() {
-    if (pref) api->MatmulPreferenceDestroy(pref);
-    if (d) api->MatrixLayoutDestroy(d);
-    if (b) api->MatrixLayoutDestroy(b);
-    if (a) api->MatrixLayoutDestroy(a);
-    if (op) api->MatmulDescDestroy(op);
-  }
-};
-
 // The alignment every operand, scale and output pointer is guaranteed (see PlanFor).
 constexpr uint32_t kOperandAlignment = 16;
 
@@ -45,24 +28,14 @@ struct Plan {
   cublasLtMatmulAlgo_t algo;
 };
 
-// One cuBLASLt handle per device and one algorithm per problem key, for the whole process
-// (REFERENCE section 1: process-global state instead of FFI State types).
+// One algorithm per problem key, for the whole process (REFERENCE section 1: process-global
+// state instead of FFI State types); the handles are cublaslt_api's, one per device.
 std::mutex g_mu;
-std::map<int, cublasLtHandle_t>& Handles() {
-  static auto* h = new std::map<int, cublasLtHandle_t>();
-  return *h;
-}
 std::map<Key, Plan>& Plans() {
   static auto* p = new std::map<Key, Plan>();
   return *p;
 }
 int64_t g_built_while_running = 0;  // guarded by g_mu
-
-template <typename T>
-cublasStatus_t SetOp(const CublasLtApi* api, cublasLtMatmulDesc_t op, cublasLtMatmulDescAttributes_t attr,
-                     const T& value) {
-  return api->MatmulDescSetAttribute(op, attr, &value, sizeof(value));
-}
 
 bool DeviceAlpha(const BlockScaledMatmul& p) {
   return p.lhs_scale_mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3 ||
@@ -72,29 +45,29 @@ bool DeviceAlpha(const BlockScaledMatmul& p) {
 // cuBLAS's A is our rhs, its B our lhs.
 Status SetScalePointers(const CublasLtApi* api, cublasLtMatmulDesc_t op, const void* rhs_scale,
                         const void* lhs_scale) {
-  GPUEXT_CUBLAS_RETURN_IF_ERROR(SetOp(api, op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, rhs_scale));
-  GPUEXT_CUBLAS_RETURN_IF_ERROR(SetOp(api, op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, lhs_scale));
+  GPUEXT_CUBLAS_RETURN_IF_ERROR(SetMatmulDesc(api, op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, rhs_scale));
+  GPUEXT_CUBLAS_RETURN_IF_ERROR(SetMatmulDesc(api, op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, lhs_scale));
   return Status::Ok();
 }
 
 // cuBLAS is column-major: out^T (N x M) = op_T(A = rhs, stored K x N) * op_N(B = lhs, stored K x M).
 // Both operands are K-contiguous: the "TN" layout FP8 requires.
-Status Describe(const CublasLtApi* api, const BlockScaledMatmul& p, Descriptors& ds) {
+Status Describe(const CublasLtApi* api, const BlockScaledMatmul& p, CublasLtDescriptors& ds) {
   GPUEXT_CUBLAS_RETURN_IF_ERROR(api->MatmulDescCreate(&ds.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
-  GPUEXT_CUBLAS_RETURN_IF_ERROR(SetOp(api, ds.op, CUBLASLT_MATMUL_DESC_TRANSA, t));
-  GPUEXT_CUBLAS_RETURN_IF_ERROR(SetOp(api, ds.op, CUBLASLT_MATMUL_DESC_TRANSB, n));
+  GPUEXT_CUBLAS_RETURN_IF_ERROR(SetMatmulDesc(api, ds.op, CUBLASLT_MATMUL_DESC_TRANSA, t));
+  GPUEXT_CUBLAS_RETURN_IF_ERROR(SetMatmulDesc(api, ds.op, CUBLASLT_MATMUL_DESC_TRANSB, n));
   // NVFP4's alpha (the product of the global scales) is a device value: device pointer mode, no
   // host sync, graph-safe. Every other format has alpha = 1, passed from host constants (the
   // default host mode, which is what NVIDIA's own FP8 block-scaling users run with).
   const cublasLtPointerMode_t mode = DeviceAlpha(p) ? CUBLASLT_POINTER_MODE_DEVICE : CUBLASLT_POINTER_MODE_HOST;
-  GPUEXT_CUBLAS_RETURN_IF_ERROR(SetOp(api, ds.op, CUBLASLT_MATMUL_DESC_POINTER_MODE, mode));
+  GPUEXT_CUBLAS_RETURN_IF_ERROR(SetMatmulDesc(api, ds.op, CUBLASLT_MATMUL_DESC_POINTER_MODE, mode));
   // SCALAR_32F is the default mode, and cuBLAS < 12.8 does not know the scale-mode attributes
   // (CUBLAS_STATUS_INVALID_VALUE): set them only for block scaling (which needs >= 12.8 anyway).
   const int32_t a_mode = p.rhs_scale_mode, b_mode = p.lhs_scale_mode;
   if (a_mode != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F || b_mode != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F) {
-    GPUEXT_CUBLAS_RETURN_IF_ERROR(SetOp(api, ds.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, a_mode));
-    GPUEXT_CUBLAS_RETURN_IF_ERROR(SetOp(api, ds.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, b_mode));
+    GPUEXT_CUBLAS_RETURN_IF_ERROR(SetMatmulDesc(api, ds.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, a_mode));
+    GPUEXT_CUBLAS_RETURN_IF_ERROR(SetMatmulDesc(api, ds.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, b_mode));
   }
   GPUEXT_CUBLAS_RETURN_IF_ERROR(api->MatrixLayoutCreate(&ds.a, p.rhs_type, p.k, p.n, p.k));
   GPUEXT_CUBLAS_RETURN_IF_ERROR(api->MatrixLayoutCreate(&ds.b, p.lhs_type, p.k, p.m, p.k));
@@ -107,17 +80,10 @@ size_t ElementBits(cudaDataType_t t) { return t == CUDA_R_4F_E2M1 ? 4 : 8; }
 // The handle of `device` and the algorithm of `p`'s key, both created on first use and cached
 // for the process. `ds` must describe `p` (Describe). `running`: asked from the execute path,
 // where a miss means neither trace time nor the initialize stage prepared the call (counted).
-Status PlanFor(const CublasLtApi* api, int device, const BlockScaledMatmul& p, Descriptors& ds, bool running,
+Status PlanFor(const CublasLtApi* api, int device, const BlockScaledMatmul& p, CublasLtDescriptors& ds, bool running,
                cublasLtHandle_t* handle, Plan* plan) {
+  GPUEXT_RETURN_IF_ERROR(CublasLtHandleOf(api, device, handle));
   std::lock_guard<std::mutex> lock(g_mu);
-  auto& handles = Handles();
-  auto it = handles.find(device);
-  if (it == handles.end()) {
-    GPUEXT_CUBLAS_RETURN_IF_ERROR(api->Create(handle));
-    handles[device] = *handle;
-  } else {
-    *handle = it->second;
-  }
   Key key{device, p.m, p.n, p.k, static_cast<int>(p.lhs_type), static_cast<int>(p.rhs_type),
           static_cast<int>(p.out_type), p.lhs_scale_mode, p.rhs_scale_mode, p.workspace_bytes};
   auto pit = Plans().find(key);
@@ -151,18 +117,6 @@ Status PlanFor(const CublasLtApi* api, int device, const BlockScaledMatmul& p, D
     if (running) ++g_built_while_running;
   }
   *plan = pit->second;
-  return Status::Ok();
-}
-
-// A small device buffer per device whose address stands in for the scale pointers when the
-// heuristic is asked at trace time (never read: nothing runs). Allocated once, kept for the process.
-Status StandInScales(int device, const char** out) {
-  static std::mutex mu;
-  static auto* buffers = new std::map<int, void*>();
-  std::lock_guard<std::mutex> lock(mu);
-  void*& buffer = (*buffers)[device];
-  if (buffer == nullptr) GPUEXT_CUDA_RETURN_IF_ERROR(cudaMalloc(&buffer, 4 * kOperandAlignment));
-  *out = static_cast<const char*>(buffer);
   return Status::Ok();
 }
 
@@ -226,12 +180,12 @@ Status PrepareBlockScaledMatmul(const std::string& library_path, int device, con
   ScopedDevice scoped;
   int current = 0;
   GPUEXT_RETURN_IF_ERROR(scoped.Enter(device, &current));
-  Descriptors ds(api);
+  CublasLtDescriptors ds(api);
   GPUEXT_RETURN_IF_ERROR(Describe(api, p, ds));
   // No operands exist at trace time: stand-in scale pointers, 16-byte but not 256-byte aligned
   // like the worst real (per-batch) pointers, so the algorithm chosen fits every call.
-  const char* stand_in = nullptr;
-  GPUEXT_RETURN_IF_ERROR(StandInScales(current, &stand_in));
+  char* stand_in = nullptr;
+  GPUEXT_RETURN_IF_ERROR(StandInDeviceBuffer(current, &stand_in));
   GPUEXT_RETURN_IF_ERROR(SetScalePointers(api, ds.op, stand_in + kOperandAlignment, stand_in + kOperandAlignment));
   cublasLtHandle_t handle = nullptr;
   Plan plan;
@@ -252,7 +206,7 @@ Status RunBlockScaledMatmul(const std::string& library_path, int device_ordinal,
   int device = 0;
   GPUEXT_RETURN_IF_ERROR(scoped.Enter(device_ordinal, &device));
 
-  Descriptors ds(api);
+  CublasLtDescriptors ds(api);
   GPUEXT_RETURN_IF_ERROR(Describe(api, p, ds));
   GPUEXT_RETURN_IF_ERROR(SetScalePointers(api, ds.op, p.rhs_scale, p.lhs_scale));  // batch 0's
   cublasLtHandle_t handle = nullptr;

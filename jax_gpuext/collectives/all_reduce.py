@@ -38,10 +38,10 @@ from jax_gpuext.common.gates import GateResult
 
 logger = logging.getLogger("jax_gpuext")
 OP = "all_reduce"
-TARGET = "gpuext_all_reduce"
+TARGET = _ext.declare_target("gpuext_all_reduce", "all_reduce")
 # The command-buffer compatible CUDA variant (ffi/cuda/allreduce.cc): kernels only, the
 # timeout status stays sticky in device memory and is read by distributed.check_status().
-GRAPH_TARGET = "gpuext_all_reduce_graph"
+GRAPH_TARGET = _ext.declare_target("gpuext_all_reduce_graph", "all_reduce")
 GRAPH_SAFE_ENV = "JAX_GPUEXT_ALLREDUCE_GRAPH_SAFE"
 
 # Attribute codes shared with csrc/allreduce/reduce_ops.h.
@@ -199,19 +199,28 @@ def _kernel_supports(p: Problem) -> GateResult:
     return _cuda_kernel_checks(p)
 
 
+def library_refusal(dtype, op: str) -> str | None:
+    """Why ``nvshmem_library`` refuses ``(dtype, op)`` whatever the machine, or None if it takes it.
+    The one predicate: the backend's ``supports()`` and the GPU all-reduce check
+    (scripts/allreduce_mps_worker.py, which expects exactly these refusals) both ask it."""
+    dtype = jnp.dtype(dtype)
+    if dtype not in _LIBRARY_DTYPES:
+        return f"nvshmemx reductions have no {dtype} type"
+    if op in ("and", "or") and jnp.issubdtype(dtype, jnp.floating):
+        return "nvshmem and/or reductions are integer-only"
+    if op in ("max", "min") and jnp.issubdtype(dtype, jnp.floating):
+        # all_reduce's max/min propagate NaN on every backend; NVSHMEM's reductions do not say.
+        return ("nvshmem max/min do not define NaN propagation (all_reduce's max/min propagate NaN); "
+                "float max/min run on one_shot/two_shot or xla")
+    return None
+
+
 def _library_supports(p: Problem) -> GateResult:
     r = _cuda_kernel_checks(p)
     if not r.supported:
         return r
-    if p.dtype not in _LIBRARY_DTYPES:
-        return GateResult(False, f"nvshmemx reductions have no {p.dtype} type")
-    if p.op in ("and", "or") and jnp.issubdtype(p.dtype, jnp.floating):
-        return GateResult(False, "nvshmem and/or reductions are integer-only")
-    if p.op in ("max", "min") and jnp.issubdtype(p.dtype, jnp.floating):
-        # all_reduce's max/min propagate NaN on every backend; NVSHMEM's reductions do not say.
-        return GateResult(False, "nvshmem max/min do not define NaN propagation (all_reduce's max/min "
-                                 "propagate NaN); float max/min run on one_shot/two_shot or xla")
-    return GateResult(True, "NVSHMEM library collective")
+    why = library_refusal(p.dtype, p.op)
+    return GateResult(why is None, why or "NVSHMEM library collective")
 
 
 def _always(_p: Problem) -> GateResult:

@@ -1,5 +1,6 @@
 """The plumbing every capability shares: the compiled extensions and their FFI targets
-(``extension``, ``ffi``), the GPU runtime libraries (``libs``), the gates (``gates``: each says yes
+(``extension``, ``ffi``), the GPU runtime libraries (``libs``) and which host NVSHMEM can run our
+device code (``nvshmem_version``), the gates (``gates``: each says yes
 or no with a reason), backend selection per op (``backends``), the verification record of the GPU
 backends (``verified`` + ``verified.json``), ``explain``, the ``capabilities`` report, CPU features
 (``cpu_features``), errors (``errors``) and the old module names (``legacy``).

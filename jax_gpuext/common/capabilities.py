@@ -6,7 +6,7 @@ import platform as _platform
 from typing import Callable
 
 from jax_gpuext.common import extension as _ext
-from jax_gpuext.common import gates, verified
+from jax_gpuext.common import gates, nvshmem_version, verified
 from jax_gpuext.common import libs as _libs
 
 
@@ -61,9 +61,12 @@ def capabilities() -> dict:
         "jaxlib_ffi_api": None if minor is None else f"0.{minor}",
         "extensions": {kind: (_ext.build_info(kind) or {"error": _ext.load(kind)[1]}) for kind in ("cpu", "cuda")},
         "build_parts": _ext.build_parts(),
+        "build_source": _ext.build_source(),
         "devices": _devices(),
         "cuda_driver": None if dv is None else f"{dv // 1000}.{dv % 1000 // 10}",
         "libraries": {key: _library(key) for key in _libs.LIBRARIES},
+        # NVSHMEM built against vs found, and whether _nvshmem may load (issue 25)
+        "nvshmem": nvshmem_version.report(_ext.nvshmem_built_against(), _ext.missing_part_reason("nvshmem_allreduce")),
         **{key: build() for key, build in _SECTIONS.items()},
         "gates": {
             name: {"supported": r.supported, "reason": r.reason, "requires": g.requires, "why": g.why,
@@ -90,6 +93,9 @@ def format_table(report: dict) -> str:
             if "cpu_kernels" in info:
                 desc += f", CPU kernels {info['cpu_kernels']}"
             rows.append((f"extension _{kind}", desc))
+    src = report.get("build_source")
+    if src:
+        rows.append(("build source", f"commit {src['commit']}" + (" with uncommitted changes" if src["dirty"] else "")))
     for part, rec in report.get("build_parts", {}).items():
         rows.append((f"part {part}", "built: " + rec["detail"] if rec["built"] else
                      f"NOT BUILT: {rec['why']}; to get it: {rec['fix']}"))
@@ -103,6 +109,10 @@ def format_table(report: dict) -> str:
     for key, lib in report["libraries"].items():
         rows.append((lib["name"], lib["version"] + f" ({lib['where']})" if lib["version"] else
                      "not available: " + lib["error"]))
+    nv = report.get("nvshmem")
+    if nv and nv["built_against"]:
+        rows.append(("NVSHMEM build/host", f"built against {nv['built_against']}, host {nv['host'] or 'none'}: "
+                     + ("compatible" if nv["compatible"] else "REFUSED") + f" ({nv['reason']})"))
     for platform, f in report.get("fp4_layout", {}).items():
         rows.append((f"float4 layout {platform}", f"{f['layout']} ({f['how']})"))
     width = max(len(k) for k, _ in rows)

@@ -1,8 +1,15 @@
 """Loading the compiled extensions and registering their FFI targets with XLA.
 
 ``_cpu`` is always built; ``_cuda`` only where nvcc was found. Neither import may make
-``import jax_gpuext`` fail: a missing or broken module is recorded with its reason and
-reported by the ``cpu_extension`` / ``cuda_extension`` gates.
+``import jax_gpuext`` fail: a missing or broken module, or targets XLA refused to register,
+are recorded with the reason and reported by the ``cpu_extension`` / ``cuda_extension`` gates.
+
+``import jax_gpuext`` registers every target of ``_cpu`` and ``_cuda`` (``ensure_all_registered``),
+so a program exported with our ops runs after a plain import (docs/design.md, "jax.export").
+``_nvshmem``'s targets register in ``jax_gpuext.distributed.initialize``, which the CUDA
+all-reduce needs first in any process (the NVSHMEM heap).
+``TARGETS`` lists every target our ops may emit, declared by the op modules where they name
+them (``declare_target``): the list ``jax_gpuext.export_disabled_checks`` hands jax.export.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import logging
 import threading
 
 from jax_gpuext.common import libs as _libs
+from jax_gpuext.common import nvshmem_version
 
 logger = logging.getLogger("jax_gpuext")
 
@@ -20,6 +28,19 @@ logger = logging.getLogger("jax_gpuext")
 _PLATFORMS = {"cpu": "cpu", "cuda": "CUDA"}
 _lock = threading.Lock()
 _registered: set[str] = set()
+_registration_errors: dict[str, str] = {}
+
+# Every custom-call target our ops may emit -> the op that emits it. Filled by the op modules
+# (``declare_target``) when the package root imports them; a test holds it equal to the
+# targets the C++ sources register (ffi/**: GPUEXT_REGISTER_FFI_TARGET).
+TARGETS: dict[str, str] = {}
+
+
+def declare_target(name: str, op: str) -> str:
+    """Records that ``op`` may emit FFI target ``name``; returns ``name`` (for the module constant)."""
+    if TARGETS.setdefault(name, op) != op:
+        raise ValueError(f"FFI target {name} declared by both {TARGETS[name]} and {op}")
+    return name
 
 
 @functools.cache
@@ -57,6 +78,18 @@ def build_parts() -> dict:
         return {}
 
 
+def build_source() -> dict:
+    """The commit the installed build came from (cmake/build_source.cmake): ``{"commit": sha or
+    "unknown", "dirty": bool or None}``; {} for a build without the record."""
+    import json
+    from importlib import resources
+
+    try:
+        return json.loads(resources.files("jax_gpuext").joinpath("build_source.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def missing_part_reason(part: str) -> str | None:
     """"not built: <why>; to get it: <fix>" for a part the build left out, else None."""
     rec = build_parts().get(part)
@@ -76,7 +109,13 @@ def build_info(kind: str) -> dict | None:
 
 
 def ensure_registered(kind: str) -> None:
-    """Registers every FFI target of extension ``kind`` with XLA, once per process."""
+    """Registers every FFI target of extension ``kind`` with XLA, once per process.
+
+    Never raises: XLA refusing a target (a jaxlib that cannot take our handlers) is recorded
+    (``registration_error``) and turns the extension's gate off, so every op falls back visibly
+    to a path without our handlers. Registering for "CUDA" before (or without) a CUDA backend
+    only queues the handler in jaxlib; it initializes no backend.
+    """
     if kind in _registered:
         return
     import jax
@@ -86,10 +125,18 @@ def ensure_registered(kind: str) -> None:
             return
         mod = module(kind)
         if mod is not None:
-            for name, handler in mod.registrations().items():
-                jax.ffi.register_ffi_target(name, handler, platform=_PLATFORMS[kind])
-                logger.debug("registered FFI target %s for %s", name, _PLATFORMS[kind])
+            try:
+                for name, handler in mod.registrations().items():
+                    jax.ffi.register_ffi_target(name, handler, platform=_PLATFORMS[kind])
+                    logger.debug("registered FFI target %s for %s", name, _PLATFORMS[kind])
+            except Exception as e:  # noqa: BLE001 - import must not fail; the gate reports it
+                _registration_errors[kind] = f"registering its FFI targets failed: {type(e).__name__}: {e}"
         _registered.add(kind)
+
+
+def registration_error(kind: str) -> str | None:
+    """Why XLA did not take extension ``kind``'s targets, or None."""
+    return _registration_errors.get(kind)
 
 
 def ensure_all_registered() -> None:
@@ -107,15 +154,28 @@ def set_library_path(name: str, path: str | None) -> None:
         mod.set_library_path(name, path or "")
 
 
+def nvshmem_built_against() -> tuple[int, ...] | None:
+    """The NVSHMEM version _nvshmem was built against, from the build record (no import needed)."""
+    v = build_parts().get("nvshmem_allreduce", {}).get("version")
+    return tuple(int(x) for x in v.split(".")) if v else None
+
+
 @functools.cache
 def load_nvshmem():
-    """``(jax_gpuext._nvshmem, None)`` or ``(None, why not)``; loads libnvshmem_host first.
+    """``(jax_gpuext._nvshmem, None)`` or ``(None, why not)``; loads libnvshmem_host first and checks
+    its version against the one the build recorded *before* the import (``nvshmem_version``): an
+    incompatible host fails the import with an undefined symbol at best.
 
     Only the all-reduce bootstrap (``jax_gpuext.distributed``) and the ``nvshmem_allreduce_module``
     gate call it, so ``import jax_gpuext`` never needs libnvshmem_host."""
     lib, where = _libs.load("nvshmem")
     if lib is None:
         return None, where
+    built = nvshmem_built_against()
+    if built is not None:
+        ok, reason = nvshmem_version.check(built)
+        if not ok:
+            return None, reason
     try:
         mod = importlib.import_module("jax_gpuext._nvshmem")
     except ImportError as e:
@@ -123,10 +183,8 @@ def load_nvshmem():
             return None, missing_part_reason("nvshmem_allreduce") or ("jax_gpuext._nvshmem was not built (NVSHMEM headers not found at build time: "
                           "install nvidia-nvshmem-cu13 in the build environment, JAX_GPUEXT_NVSHMEM=ON)")
         return None, f"jax_gpuext._nvshmem failed to import: {e}"
-    # Our libnvshmem_device.a copy needs a host library of the same major and no older minor.
-    built = tuple(int(v) for v in mod.build_info()["nvshmem_version"].split(".")[:2])
-    have, _ = _libs.version("nvshmem")
-    if have is None or have[0] != built[0] or have[1] < built[1]:
-        return None, (f"libnvshmem_host {have} cannot run device code built against NVSHMEM {built}: "
-                      "needs the same major and a minor >= the build's")
+    if built is None:  # a build from before the record had the version: ask the module
+        ok, reason = nvshmem_version.check(tuple(int(v) for v in mod.build_info()["nvshmem_version"].split(".")))
+        if not ok:
+            return None, reason
     return mod, None

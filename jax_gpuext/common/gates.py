@@ -144,22 +144,22 @@ def driver_version() -> int | None:
 
 
 # --------------------------------------------------------------------------- build
-@_gate("cpu_extension", "build", "jax_gpuext._cpu imports",
+@_gate("cpu_extension", "build", "jax_gpuext._cpu imports and XLA takes its FFI targets",
        "the CPU FFI handlers live there; without it only the pure-XLA paths (xla, reference) run")
 def _cpu_extension():
     mod, why = _ext.load("cpu")
-    if mod is None:
-        return GateResult(False, why)
+    if mod is None or _ext.registration_error("cpu"):
+        return GateResult(False, why or f"jax_gpuext._cpu imported, but {_ext.registration_error('cpu')}")
     info = mod.build_info()
     return GateResult(True, f"built against XLA FFI API {info['ffi_api_major']}.{info['ffi_api_minor']}")
 
 
-@_gate("cuda_extension", "build", "jax_gpuext._cuda imports",
+@_gate("cuda_extension", "build", "jax_gpuext._cuda imports and XLA takes its FFI targets",
        "every GPU handler and kernel lives there; it is built only where a CUDA compiler was found")
 def _cuda_extension():
     mod, why = _ext.load("cuda")
-    if mod is None:
-        return GateResult(False, why)
+    if mod is None or _ext.registration_error("cuda"):
+        return GateResult(False, why or f"jax_gpuext._cuda imported, but {_ext.registration_error('cuda')}")
     info = mod.build_info()
     return GateResult(True, f"CUDA {info['cuda_version']}, architectures {info['architectures']}")
 
@@ -350,6 +350,21 @@ def _cublaslt_blockwise_fp8():
     return _library_at_least("cublaslt", (12, 9, 0))
 
 
+@_gate("cublaslt_grouped_fp8", "library", "cuBLASLt >= 13.4 and an sm_90 GPU",
+       "cuBLASLt's grouped GEMM with device-side shapes (cublasLtGroupedMatrixLayoutCreate) first appears in "
+       "cuBLAS 13.2 (CUDA 13.1) for Blackwell; Hopper, and the VEC128_32F / BLK128x128_32F FP8 scale modes in "
+       "grouped mode, from 13.4 (what TransformerEngine's cublaslt_grouped_gemm.cu requires); those scale modes "
+       "exist on sm_90 only, and no CUDA 12 cuBLAS has the grouped API (docs/design.md, issue 30)")
+def _cublaslt_grouped_fp8():
+    cc = compute_capability()
+    if cc is None:
+        return GateResult(False, "no CUDA device")
+    if cc != (9, 0):
+        return GateResult(False, f"sm_{cc[0]}{cc[1]} is not sm_90: the grouped FP8 blockwise scale modes are "
+                                 "Hopper-only")
+    return _library_at_least("cublaslt", (13, 4, 0))
+
+
 @_gate("nvshmem", "library", "libnvshmem_host.so.3 loads (NVSHMEM 3.x)",
        "the NVSHMEM all-reduce needs the host library and a symmetric heap")
 def _nvshmem():
@@ -366,12 +381,21 @@ def _cuda_target_built(target: str, part: str, missing: str) -> GateResult:
     return GateResult(ok, f"_cuda has {target}" if ok else (_ext.missing_part_reason(part) or missing))
 
 
+_NO_CUBLASLT_H = ("built without cublasLt.h (pip install nvidia-cublas in the build env, or set "
+                  "JAX_GPUEXT_CUBLASLT_INCLUDE_DIR)")
+
+
 @_gate("cublaslt_dot_built", "build", "_cuda built with cublasLt.h",
        "the cuBLASLt block-scaled dot handler is compiled only where cublasLt.h was found at build time")
 def _cublaslt_dot_built():
-    return _cuda_target_built("gpuext_block_scaled_dot_cublaslt", "cublaslt_dot",
-                              "built without cublasLt.h (pip install nvidia-cublas in the build env, or set "
-                              "JAX_GPUEXT_CUBLASLT_INCLUDE_DIR)")
+    return _cuda_target_built("gpuext_block_scaled_dot_cublaslt", "cublaslt_dot", _NO_CUBLASLT_H)
+
+
+@_gate("ragged_dot_cublaslt_built", "build", "_cuda built with cublasLt.h",
+       "the grouped cuBLASLt ragged_dot handler is compiled with the cuBLASLt dot, only where cublasLt.h was "
+       "found at build time (any version: the grouped entry point is looked up at run time)")
+def _ragged_dot_cublaslt_built():
+    return _cuda_target_built("gpuext_ragged_dot_cublaslt", "cublaslt_dot", _NO_CUBLASLT_H)
 
 
 @_gate("cudnn_dot_built", "build", "_cuda built with JAX_GPUEXT_CUDNN on",

@@ -36,6 +36,8 @@ COMPONENTS = {
     "block_scaled_dot.cublaslt": ("block_scaled_dot", "cublaslt"),
     "block_scaled_dot.cudnn": ("block_scaled_dot", "cudnn"),
     "block_scaled_dot.hopper_mx": ("block_scaled_dot", "hopper_mx"),
+    "ragged_dot.cublaslt": ("ragged_dot", "cublaslt"),
+    "ragged_dot.hopper": ("ragged_dot", "hopper"),
     "all_reduce.one_shot": ("all_reduce", "one_shot"),
     "all_reduce.two_shot": ("all_reduce", "two_shot"),
     "all_reduce.graph_safe": ("all_reduce", f"graph-safe target (one_shot / two_shot / nvshmem_library "
@@ -51,6 +53,8 @@ BACKENDS = {
     ("block_scaled_dot", "cublaslt"): ("block_scaled_dot.cublaslt",),
     ("block_scaled_dot", "cudnn"): ("block_scaled_dot.cudnn",),
     ("block_scaled_dot", "hopper_mx"): ("block_scaled_dot.hopper_mx",),
+    ("ragged_dot", "cublaslt"): ("ragged_dot.cublaslt",),
+    ("ragged_dot", "hopper"): ("ragged_dot.hopper",),
     ("all_reduce", "one_shot"): ("all_reduce.one_shot",),
     ("all_reduce", "two_shot"): ("all_reduce.two_shot",),
     ("all_reduce", "nvshmem_library"): ("all_reduce.nvshmem_library",),

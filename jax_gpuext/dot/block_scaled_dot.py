@@ -58,15 +58,18 @@ _register_backends()
 
 
 # --------------------------------------------------------------------------- public: block_scaled_dot
-def block_scaled_dot(lhs, rhs, dimension_numbers=None, *, preferred_element_type=jnp.bfloat16,
+def block_scaled_dot(lhs, rhs, dimension_numbers=None, *, preferred_element_type=jnp.float32,
                      backend: str = "auto") -> jax.Array:
-    """Dot of two ``BlockScaledArray`` operands, contracting along their quantized axes.
+    """Dot of two ``BlockScaledArray`` operands; a float32 result by default, as ``jax.nn.scaled_matmul``.
 
     ``dimension_numbers`` is ``((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch))`` as for
-    ``jax.lax.dot_general`` with one contracting axis each, which must be the quantized axis (one of
-    the last two for FP8_128x128). ``None`` contracts ``lhs.axis`` with ``rhs.axis`` without batch
+    ``jax.lax.dot_general``: batch dims anywhere, several contracting dims, provided the two
+    quantized axes are contracted with each other (for FP8_128x128: exactly one of its last two
+    axes, every axis before them batch or contracting; FP8_TENSOR: any). The contracting dims
+    flatten into one K with the quantized pair innermost (docs/block_scaled_dot.md, "Several
+    contracting dimensions"). ``None`` contracts ``lhs.axis`` with ``rhs.axis`` without batch
     dimensions. Accumulation is float32; global scales (NVFP4) multiply the accumulator; the result
-    is cast to ``preferred_element_type`` (float32, bfloat16 or float16).
+    is cast to ``preferred_element_type`` (float32, as ``jax.nn.scaled_matmul``; or bfloat16 / float16).
     """
     out_dtype = _check_out_dtype(preferred_element_type, "block_scaled_dot")
     p = _problem(lhs, rhs, dimension_numbers, out_dtype)

@@ -82,8 +82,11 @@ class DotProblem:
     rhs_shape: tuple[int, ...]
     lhs_format: FormatInfo
     rhs_format: FormatInfo
-    lhs_contract: int
-    rhs_contract: int
+    # Contracting dims, paired position by position, in the order they flatten into the one
+    # canonical K axis: the quantized (blocked) pair last, the others in ascending lhs order
+    # (``_flatten_order``; docs/block_scaled_dot.md, "Several contracting dimensions").
+    lhs_contract: tuple[int, ...]
+    rhs_contract: tuple[int, ...]
     lhs_batch: tuple[int, ...]
     rhs_batch: tuple[int, ...]
     out_dtype: Any
@@ -94,18 +97,20 @@ class DotProblem:
 
     @property
     def lhs_free(self) -> tuple[int, ...]:
-        return tuple(d for d in range(len(self.lhs_shape)) if d != self.lhs_contract and d not in self.lhs_batch)
+        return _free(len(self.lhs_shape), self.lhs_contract, self.lhs_batch)
 
     @property
     def rhs_free(self) -> tuple[int, ...]:
-        return tuple(d for d in range(len(self.rhs_shape)) if d != self.rhs_contract and d not in self.rhs_batch)
+        return _free(len(self.rhs_shape), self.rhs_contract, self.rhs_batch)
 
     @property
     def bmnk(self) -> tuple[int, int, int, int]:
+        """The canonical problem's sizes; K is what ``to_canonical`` gives (padded rows
+        included, see ``canonical_k``)."""
         b = math.prod(self.lhs_shape[d] for d in self.lhs_batch)
         m = math.prod(self.lhs_shape[d] for d in self.lhs_free)
         n = math.prod(self.rhs_shape[d] for d in self.rhs_free)
-        return b, m, n, self.lhs_shape[self.lhs_contract]
+        return b, m, n, canonical_k(self.lhs_shape, self.lhs_contract, self.lhs_format)
 
     def describe(self) -> str:
         b, m, n, k = self.bmnk
@@ -154,6 +159,60 @@ def _check_out_dtype(dtype, what):
     return formats.float_dtype(dtype, _OUT_DTYPES, what, "preferred_element_type")
 
 
+def _free(ndim: int, contract, batch) -> tuple[int, ...]:
+    return tuple(d for d in range(ndim) if d not in contract and d not in batch)
+
+
+def canonical_k(shape, contract: tuple[int, ...], info: FormatInfo) -> int:
+    """Length of the canonical K axis: the contracting dims flattened, the last one innermost.
+
+    With several contracting dims, each row of the innermost (blocked) dim is zero-padded to a
+    whole number of blocks, so that no block of the canonical K straddles two rows: the blocks
+    are then exactly the operand's own, and the padding zeros add nothing to the dot.
+    """
+    inner = shape[contract[-1]] if contract else 1
+    outer = math.prod(shape[d] for d in contract[:-1])
+    if outer > 1 and info.block and inner % info.block:
+        inner = -(-inner // info.block) * info.block
+    return outer * inner
+
+
+def _blocked_axis(name: str, f: FormatInfo, shape, axis: int, contract, batch, what: str) -> int | None:
+    """The contracting dim of operand ``name`` along which its blocks run (None for FP8_TENSOR,
+    whose one scale covers every axis), after checking that the dimension numbers keep its
+    blocks whole."""
+    if f.per_tensor:
+        return None
+    if not f.two_d:
+        if axis not in contract:
+            raise ValueError(f"{what}: {name} is quantized along axis {axis} but dimension_numbers contract "
+                             f"axes {tuple(contract)} (shape {shape}); quantize along a contracting axis")
+        return axis
+    last2 = (len(shape) - 2, len(shape) - 1)
+    contracted = [d for d in last2 if d in contract]
+    other = [d for d in last2 if d not in contract]
+    if len(contracted) != 1 or other[0] in batch:
+        raise ValueError(f"{what}: {name} is {f.name} (128x128 blocks over its last two axes {last2}), so "
+                         f"dimension_numbers must contract exactly one of them and leave the other free; they "
+                         f"contract {tuple(contract)} with batch {tuple(batch)} (shape {shape})")
+    free_lead = [d for d in range(len(shape) - 2) if d not in batch and d not in contract]
+    if free_lead:
+        raise ValueError(f"{what}: {name} is {f.name}: every axis before its last two must be a batch or "
+                         f"contracting dimension (a free one would cut its 128x128 blocks); axes {free_lead} of "
+                         f"shape {shape} are free")
+    return contracted[0]
+
+
+def _flatten_order(lc: tuple[int, ...], blocked: int | None) -> list[int]:
+    """Positions of the contracting pairs in the order they flatten into K: ascending lhs dim
+    (jax.nn's canonicalisation), with the blocked pair moved last (innermost)."""
+    order = sorted(range(len(lc)), key=lambda i: lc[i])
+    if blocked is not None:
+        order.remove(lc.index(blocked))
+        order.append(lc.index(blocked))
+    return order
+
+
 def _problem(lhs, rhs, dimension_numbers, out_dtype) -> DotProblem:
     what = "block_scaled_dot"
     for name, x in (("lhs", lhs), ("rhs", rhs)):
@@ -167,33 +226,29 @@ def _problem(lhs, rhs, dimension_numbers, out_dtype) -> DotProblem:
     if dimension_numbers is None:
         dimension_numbers = (((la,), (ra,)), ((), ()))
     lc, rc, lb, rb = _parse_dimension_numbers(dimension_numbers, len(ls), len(rs), what)
-    if len(lc) != 1:
-        raise ValueError(f"{what}: exactly one contracting dimension per operand is supported (the quantized "
-                         f"axis), got {dimension_numbers!r} for lhs {ls}, rhs {rs}")
     if lf.family != rf.family:
         raise ValueError(f"{what}: formats {lf.name} (lhs) and {rf.name} (rhs) cannot be mixed; both operands "
                          "must be MX (MXFP8 E4M3/E5M2, MXFP4: any pairing), both NVFP4, both FP8 blockwise (1x128/128x128), or both "
                          "FP8_TENSOR")
-    for name, f, shape, c, batch, axis in (("lhs", lf, ls, lc[0], lb, la), ("rhs", rf, rs, rc[0], rb, ra)):
-        if f.two_d:
-            if c not in (len(shape) - 1, len(shape) - 2):
-                raise ValueError(f"{what}: {name} is {f.name} (128x128 blocks over its last two axes), so it must "
-                                 f"contract one of them, not axis {c} of shape {shape}")
-            if len(shape) - 2 != len(batch):
-                raise ValueError(f"{what}: {name} is {f.name}: every axis before the last two must be a batch "
-                                 f"dimension; shape {shape} has batch dims {batch}")
-        elif c != axis and not f.per_tensor:  # one FP8_TENSOR scale covers every axis
-            raise ValueError(f"{what}: {name} is quantized along axis {axis} but dimension_numbers contract "
-                             f"axis {c} (shape {shape}); quantize along the contracting axis")
-    if ls[lc[0]] != rs[rc[0]]:
-        raise ValueError(f"{what}: contracting sizes differ: lhs {ls} axis {lc[0]} vs rhs {rs} axis {rc[0]}")
+    for a, b in zip(lc, rc):
+        if ls[a] != rs[b]:
+            raise ValueError(f"{what}: contracting sizes differ: lhs {ls} axis {a} vs rhs {rs} axis {b}")
     if [ls[d] for d in lb] != [rs[d] for d in rb]:
         raise ValueError(f"{what}: batch sizes differ: lhs {ls} dims {lb} vs rhs {rs} dims {rb}")
+    lq = _blocked_axis("lhs", lf, ls, la, lc, lb, what)
+    rq = _blocked_axis("rhs", rf, rs, ra, rc, rb, what)
+    if lq is not None and rc[lc.index(lq)] != rq:
+        raise ValueError(f"{what}: lhs's blocks run along its axis {lq}, which dimension_numbers contract with rhs "
+                         f"axis {rc[lc.index(lq)]}, but rhs's blocks run along its axis {rq}: the two blocked axes "
+                         f"must be contracted with each other (lhs {ls}, rhs {rs}, dimension_numbers "
+                         f"{dimension_numbers!r})")
+    order = _flatten_order(lc, lq)
+    lc, rc = tuple(lc[i] for i in order), tuple(rc[i] for i in order)
     batched_global = False
     for name, q, f, batch in (("lhs", lhs, lf, lb), ("rhs", rhs, rf, rb)):
         batched_global |= "global_scale" in _check_leading_dims(q, f, batch, name, what)
     has_gs = lhs.global_scale is not None or rhs.global_scale is not None
-    return DotProblem(ls, rs, lf, rf, lc[0], rc[0], lb, rb, out_dtype, has_gs, batched_global)
+    return DotProblem(ls, rs, lf, rf, lc, rc, lb, rb, out_dtype, has_gs, batched_global)
 
 
 def _per_tensor_values(q, f: FormatInfo):
@@ -250,32 +305,41 @@ def _global(q, ndim: int = 0) -> jax.Array:
 def _reference(lhs, rhs, p: DotProblem) -> jax.Array:
     dl = lhs.data.astype(jnp.float32) * _expanded_scale(lhs, p.lhs_format)
     dr = rhs.data.astype(jnp.float32) * _expanded_scale(rhs, p.rhs_format)
-    dn = (((p.lhs_contract,), (p.rhs_contract,)), (p.lhs_batch, p.rhs_batch))
+    dn = ((p.lhs_contract, p.rhs_contract), (p.lhs_batch, p.rhs_batch))
     acc = lax.dot_general(dl, dr, dn, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
     # Global scales multiply the fp32 accumulator once, as the math above states (not each element).
     return (acc * (_global(lhs, acc.ndim) * _global(rhs, acc.ndim))).astype(p.out_dtype)
 
 
 # --------------------------------------------------------------------------- canonical form
-def to_canonical(q, contract: int, batch: tuple[int, ...]):
+def to_canonical(q, contract, batch: tuple[int, ...]):
     """(data, scale) of ``q`` transposed/collapsed to ``(B, X, K)`` and ``(B, X, K/blk)``.
 
-    Free dimensions are collapsed into X. For FP8_128x128 the validation guaranteed that the
-    two last axes are (free, contract) in some order, so the 2-D blocks survive. FP8_TENSOR's
-    scale becomes ``(B, 1, 1)``: one value for every batch, or each batch entry's own where the
-    scale has leading (batch) dims.
+    ``contract``: the contracting dims in flattening order (``DotProblem.lhs_contract``; one int
+    is one dim), the blocked one last. Batch and free dims collapse into B and X, the contracting
+    dims into K, each row of the blocked dim zero-padded to whole blocks where there are several
+    (``canonical_k``). For FP8_128x128 the validation guaranteed that the last two axes are
+    (free, blocked contracting) in some order and every other axis is batch or contracting, so
+    the 2-D blocks survive. FP8_TENSOR's scale becomes ``(B, 1, 1)``: one value for every batch,
+    or each batch entry's own where the scale has leading (batch) dims.
     """
+    contract = (int(contract),) if isinstance(contract, (int, np.integer)) else tuple(contract)
     nd = q.data.ndim
-    free = tuple(d for d in range(nd) if d != contract and d not in batch)
-    perm = tuple(batch) + free + (contract,)
+    free = _free(nd, contract, batch)
+    perm = tuple(batch) + free + contract
     data = jnp.transpose(q.data, perm)
     b = math.prod(q.data.shape[d] for d in batch)
     x = math.prod(q.data.shape[d] for d in free)
-    data = data.reshape(b, x, q.data.shape[contract])
+    k = canonical_k(q.data.shape, contract, format_info(q.format))
+    outer = math.prod(q.data.shape[d] for d in contract[:-1])
+    if contract and k != outer * q.data.shape[contract[-1]]:  # rows of the blocked dim padded to whole blocks
+        data = jnp.pad(data, [(0, 0)] * (nd - 1) + [(0, k // outer - q.data.shape[contract[-1]])])
+    data = data.reshape(b, x, k)
     if q.format.per_tensor:
         return data, per_batch(q.scale, q.data.shape, batch).reshape(b, 1, 1)
     scale = jnp.transpose(q.scale, perm)
-    return data, scale.reshape(b, math.prod(q.scale.shape[d] for d in free), q.scale.shape[contract])
+    return data, scale.reshape(b, math.prod(q.scale.shape[d] for d in free),
+                               math.prod(q.scale.shape[d] for d in contract))
 
 
 def from_canonical(out: jax.Array, p: DotProblem) -> jax.Array:

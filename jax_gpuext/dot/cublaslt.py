@@ -31,7 +31,7 @@ from jax_gpuext.common import libs as _libs
 from jax_gpuext.common.gates import GateResult
 from jax_gpuext.dot import common as _dot
 
-TARGET = "gpuext_block_scaled_dot_cublaslt"
+TARGET = _ext.declare_target("gpuext_block_scaled_dot_cublaslt", "block_scaled_dot")
 # cuBLAS recommends 32 MiB of workspace on Hopper/Blackwell; passed as an extra result so the
 # handler never allocates (REFERENCE section 2), with WORKSPACE_SLACK more bytes so the handler
 # can align its start to the 256 bytes cuBLASLt requires.
@@ -158,13 +158,14 @@ def _tile_128x4(s):
 
 # The two FP8-blockwise scale layouts, from the cuBLAS docs ("Scaling factors layouts"), for cuBLAS's
 # A (= our rhs) and B (= our lhs); M and N (our rows) must be multiples of 4 (we pad M to 16 and
-# require N % 8, which TransformerEngine checks too).
-def _rows_fastest(s):
+# require N % 8, which TransformerEngine checks too). The grouped backend (ragged_dot/cublaslt.py)
+# lays out each group's rhs scales with them: a group is one matrix to cuBLAS.
+def rows_fastest(s):
     """VEC128_32F: (B, rows, Kb) fp32 -> per batch a rows x Kb matrix, rows contiguous ("M-major")."""
     return jnp.swapaxes(s, 1, 2).reshape(s.shape[0], -1)
 
 
-def _blocks_k_fastest(s):
+def blocks_k_fastest(s):
     """BLK128x128_32F: (B, row blocks, Kb) fp32 -> per batch "K-major" with the Kb column padded to
     a multiple of 4 (the stride between consecutive row blocks)."""
     bsz, _, kb = s.shape
@@ -191,7 +192,7 @@ def _operand(data, scale, info):
     if info.family == "mx":
         return data, jax.lax.bitcast_convert_type(_tile_128x4(scale), jnp.uint8)
     scale = scale.astype(jnp.float32)
-    return data, _blocks_k_fastest(scale) if info.two_d else _rows_fastest(scale)
+    return data, blocks_k_fastest(scale) if info.two_d else rows_fastest(scale)
 
 
 def _pad_rows(data, scale, multiple=FP8_BLOCK_ROW_MULTIPLE):

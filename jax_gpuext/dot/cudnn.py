@@ -27,7 +27,7 @@ from jax_gpuext.common import libs as _libs
 from jax_gpuext.common.gates import GateResult
 from jax_gpuext.dot import common as _dot
 
-TARGET = "gpuext_block_scaled_dot_cudnn"
+TARGET = _ext.declare_target("gpuext_block_scaled_dot_cudnn", "block_scaled_dot")
 # Largest workspace we let a plan use; plans wanting more are skipped at build time.
 WORKSPACE_BYTES = 64 * 1024 * 1024
 

@@ -47,7 +47,7 @@ from jax_gpuext.common import ffi as _ffi
 from jax_gpuext.common.gates import GateResult
 from jax_gpuext.dot import common as _dot
 
-TARGET = "gpuext_hopper_mx_dot"
+TARGET = _ext.declare_target("gpuext_hopper_mx_dot", "block_scaled_dot")
 BLOCK = 32  # the kernel's scale block along K (one k32 wgmma)
 # Ids of csrc/hopper_mx/hopper_mx.h TileConfig (never renumbered): name -> (id, BM, BN).
 TILE_CONFIGS = {"m128n128": (0, 128, 128), "m64n128": (1, 64, 128), "m128n64": (2, 128, 64)}
@@ -59,14 +59,15 @@ _MAX_DIM = 2**31 - 1
 
 
 # --------------------------------------------------------------------------- supports
-def built_for_sm90a() -> GateResult:
+def built_for_sm90a(kernel: str = "the hopper_mx kernel") -> GateResult:
+    """Whether _cuda holds our sm_90a kernels (hopper_mx's object library: also ragged_dot's)."""
     info = _ext.build_info("cuda")
     if info is None:
         return GateResult(False, "no CUDA extension")
     archs = str(info.get("architectures", ""))
     ok = any(a.strip().startswith("90a") for a in archs.split(","))
     return GateResult(ok, f"CUDA extension built for {archs}: {'has' if ok else 'no'} sm_90a "
-                          f"(the hopper_mx kernel needs 90a-real in JAX_GPUEXT_CUDA_ARCHITECTURES)")
+                          f"({kernel} needs 90a-real in JAX_GPUEXT_CUDA_ARCHITECTURES)")
 
 
 def supports(p) -> GateResult:

@@ -147,15 +147,19 @@ def scaled_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_el
     """``jax.lax.dot_general`` computed as a block-scaled dot, differentiable.
 
     Drops into ``flax.nnx.Linear(dot_general=...)`` / ``flax.linen.Dense(dot_general=...)`` (use
-    ``functools.partial`` to set ``format``). ``lhs``/``rhs`` are high-precision arrays quantized
-    here along their contracting axes (partial blocks allowed). ``format`` is one BlockFormat
+    ``functools.partial`` to set ``format``), and into ``nnx.LinearGeneral`` / ``linen.DenseGeneral``
+    / ``nnx.MultiHeadAttention`` (``qkv_dot_general`` / ``out_dot_general``): any dimension numbers
+    ``lax.dot_general`` takes. ``lhs``/``rhs`` are high-precision arrays quantized here along
+    their contracting axes flattened into one (jax.nn's canonicalisation: lhs's contracting dims
+    in ascending order, rhs's paired with them; partial blocks allowed). ``format`` is one BlockFormat
     for both operands or a ``(lhs, rhs)`` pair, e.g. ``(FP8_1x128, FP8_128x128)``; default
     MXFP8_E4M3. ``precision`` is accepted for signature compatibility and ignored: the precision
     is the format's. ``out_sharding`` (as in ``lax.dot_general``, which Flax >= 0.12 passes) is
     applied to the result as a sharding constraint. The backward pass quantizes the cotangent
     with ``grad_format`` (default
     MXFP8_E5M2 for MXFP8, MXFP4 and NVFP4, FP8_1x128 for FP8 blockwise, FP8_TENSOR for FP8_TENSOR) and
-    re-quantizes the saved operands along the backward contracting axes (see ``recipe``).
+    re-quantizes the saved operands along the backward contracting axes (the free dims,
+    flattened the same way; see ``recipe``).
     """
     del precision
     what = "scaled_dot_general"
@@ -167,12 +171,10 @@ def scaled_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_el
                             f"got {x.dtype} with shape {x.shape}")
     rec = recipe(format, grad_format)
     lc, rc, lb, rb = _parse_dimension_numbers(dimension_numbers, lhs.ndim, rhs.ndim, what)
-    if len(lc) != 1:
-        raise ValueError(f"{what}: exactly one contracting dimension per operand is supported, got "
-                         f"{dimension_numbers!r} for lhs {lhs.shape}, rhs {rhs.shape}")
-    if lhs.shape[lc[0]] != rhs.shape[rc[0]]:
-        raise ValueError(f"{what}: contracting sizes differ: lhs {lhs.shape} axis {lc[0]} vs rhs {rhs.shape} "
-                         f"axis {rc[0]}")
+    for a, b in zip(lc, rc):
+        if lhs.shape[a] != rhs.shape[b]:
+            raise ValueError(f"{what}: contracting sizes differ: lhs {lhs.shape} axis {a} vs rhs {rhs.shape} "
+                             f"axis {b}")
     if [lhs.shape[d] for d in lb] != [rhs.shape[d] for d in rb]:
         raise ValueError(f"{what}: batch sizes differ: lhs {lhs.shape} dims {lb} vs rhs {rhs.shape} dims {rb}")
     requested = jnp.promote_types(lhs.dtype, rhs.dtype) if preferred_element_type is None else preferred_element_type
@@ -180,13 +182,18 @@ def scaled_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_el
     out_dtype = formats.float_dtype(requested, _OUT_DTYPES + (jnp.dtype(jnp.float64),), what,
                                     "preferred_element_type")
     out_dtype = jnp.dtype(jnp.float32) if out_dtype == jnp.float64 else out_dtype
-    lfree = tuple(d for d in range(lhs.ndim) if d != lc[0] and d not in lb)
-    rfree = tuple(d for d in range(rhs.ndim) if d != rc[0] and d not in rb)
-    bsz = math.prod(lhs.shape[d] for d in lb)
-    a = jnp.transpose(lhs, lb + lfree + lc).reshape(bsz, -1, lhs.shape[lc[0]]) if lhs.size else \
-        jnp.zeros((bsz, math.prod(lhs.shape[d] for d in lfree), lhs.shape[lc[0]]), lhs.dtype)
-    b = jnp.transpose(rhs, rb + rc + rfree).reshape(bsz, rhs.shape[rc[0]], -1) if rhs.size else \
-        jnp.zeros((bsz, rhs.shape[rc[0]], math.prod(rhs.shape[d] for d in rfree)), rhs.dtype)
+    # The quantized axis is the contracting dims flattened (jax.nn's canonicalisation): lhs's in
+    # ascending order, rhs's in the order that pairs them with lhs's (jax.nn sorts rhs's too,
+    # which is the same order whenever the pairing is monotone). Batch dims in dimension-number
+    # order and free dims in ascending order, as lax.dot_general lays out its result.
+    order = sorted(range(len(lc)), key=lambda i: lc[i])
+    lc, rc = tuple(lc[i] for i in order), tuple(rc[i] for i in order)
+    lfree = tuple(d for d in range(lhs.ndim) if d not in lc and d not in lb)
+    rfree = tuple(d for d in range(rhs.ndim) if d not in rc and d not in rb)
+    bsz, k = math.prod(lhs.shape[d] for d in lb), math.prod(lhs.shape[d] for d in lc)
+    m, n = math.prod(lhs.shape[d] for d in lfree), math.prod(rhs.shape[d] for d in rfree)
+    a = jnp.transpose(lhs, lb + lfree + lc).reshape(bsz, m, k)
+    b = jnp.transpose(rhs, rb + rc + rfree).reshape(bsz, k, n)
     out = _scaled_canonical(a, b, rec, out_dtype, backend)
     shape = ([lhs.shape[d] for d in lb] + [lhs.shape[d] for d in lfree] + [rhs.shape[d] for d in rfree])
     out = out.reshape(shape)

@@ -97,7 +97,7 @@ def _dequantized(q, info: _dot.FormatInfo, dtype) -> jax.Array:
 
 
 def _dot_general(a, b, p: _dot.DotProblem, precision=None, out=jnp.float32) -> jax.Array:
-    dn = (((p.lhs_contract,), (p.rhs_contract,)), (p.lhs_batch, p.rhs_batch))
+    dn = ((p.lhs_contract, p.rhs_contract), (p.lhs_batch, p.rhs_batch))
     return lax.dot_general(a, b, dn, precision=precision, preferred_element_type=out)
 
 

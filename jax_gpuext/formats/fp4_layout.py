@@ -34,7 +34,9 @@ LOW_FIRST = "packed, low nibble first"
 HIGH_FIRST = "packed, high nibble first"
 ONE_PER_BYTE = "one per byte"
 UNKNOWN = "unknown"
-NOT_PROBED = "not probed"
+# Nothing of ours can run on the platform here (no device, or no extension for it): a state to
+# report, not a problem to warn about.
+NOT_APPLICABLE = "not applicable"
 # The layouts our handlers read, as their fp4_packed attribute (csrc/formats/block_scaled_io.h).
 PACKED_FLAG = {LOW_FIRST: True, ONE_PER_BYTE: False}
 
@@ -114,9 +116,11 @@ _PROBED: dict[str, Layout] = {}
 def probe(platform: str) -> Layout:
     """The float4 layout of ``platform`` ("cpu" / "cuda"), measured once per process."""
     if platform not in _PROBED:
-        _PROBED[platform] = _measure(platform)
-        level = logging.INFO if _PROBED[platform].packed is not None else logging.WARNING
-        logger.log(level, "%s", _PROBED[platform].describe())
+        layout = _PROBED[platform] = _measure(platform)
+        # A warning only where our handlers would run and cannot read the layout.
+        level = logging.DEBUG if layout.layout == NOT_APPLICABLE else (
+            logging.INFO if layout.packed is not None else logging.WARNING)
+        logger.log(level, "%s", layout.describe())
     return _PROBED[platform]
 
 
@@ -125,11 +129,11 @@ def _measure(platform: str) -> Layout:
 
     r = gates.check(f"{platform}_extension")
     if not r.supported:
-        return Layout(platform, NOT_PROBED, f"no handler to read with: {r.reason}")
+        return Layout(platform, NOT_APPLICABLE, f"no handler to read with: {r.reason}")
     try:
         device = jax.devices(platform)[0]
-    except RuntimeError as e:
-        return Layout(platform, NOT_PROBED, f"no {platform} device: {e}")
+    except RuntimeError:  # jax's message names every platform present; the platform is enough
+        return Layout(platform, NOT_APPLICABLE, f"no {platform} device")
     try:
         read = _read_packed_low_first(device)
     except Exception as e:  # noqa: BLE001 - an XLA or handler failure is an answer: unknown, with why

@@ -21,6 +21,7 @@ import numpy as np
 from jax import lax
 
 from jax_gpuext.common import backends, gates
+from jax_gpuext.common import extension as _ext
 from jax_gpuext.common import ffi as _ffi
 from jax_gpuext.common.errors import UnsupportedError, require_bool
 from jax_gpuext.formats import reference as ref
@@ -28,8 +29,8 @@ from jax_gpuext.formats import xla as formats_xla
 
 QUANTIZE_OP = "quantize"
 DEQUANTIZE_OP = "dequantize"
-QUANTIZE_TARGET = "gpuext_quantize"
-DEQUANTIZE_TARGET = "gpuext_dequantize"
+QUANTIZE_TARGET = _ext.declare_target("gpuext_quantize", "quantize")
+DEQUANTIZE_TARGET = _ext.declare_target("gpuext_dequantize", "dequantize")
 INPUT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 SCALE_ROUNDINGS = ("up", "ocp")
 

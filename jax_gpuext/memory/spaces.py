@@ -47,7 +47,7 @@ RESULTS_ATTR = "results_memory_spaces"
 SHIELD_ENV = "JAX_GPUEXT_MEMORY_SHIELD"
 # The other workaround for openxla/xla#47461: no dynamic-slice fusion at all in this jit.
 DSF_WORKAROUND_OPTIONS = {"xla_gpu_enable_dynamic_slice_fusion": False}
-PLACE_TARGET = "gpuext_place"
+PLACE_TARGET = _ext.declare_target("gpuext_place", "place")
 
 
 class MemorySpace(enum.IntEnum):

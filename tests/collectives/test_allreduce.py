@@ -28,7 +28,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_gpuext
 from jax_gpuext import collectives
-from jax_gpuext.collectives.all_reduce import _NARROW_FLOATS
+from jax_gpuext.collectives.all_reduce import _NARROW_FLOATS, library_refusal
 
 N = 8
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -238,6 +238,134 @@ def test_crossover_model():
     assert 128 << 10 <= collectives.one_shot_max_bytes(8) <= 512 << 10
 
 
+# --------------------------------------------------------------------------- the GPU check's expectations (CPU)
+def _load_script(path: pathlib.Path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_library_refusals_come_from_one_predicate():
+    """nvshmem_library refuses bool, float8 and float max/min (NaN propagation is not defined
+    there) and takes everything else; the GPU worker expects exactly these refusals because it asks
+    the same predicate, and its case count follows: 5 sizes x (2 kernels x 52 (dtype, op) pairs +
+    the 32 pairs the library takes) = 680."""
+    pairs = [(d, op) for d in DTYPES for op in OPS_BY_KIND["bool" if d == "bool" else "number"]]
+    refused = {pair for pair in pairs if library_refusal(*pair)}
+    floats = ("float32", "bfloat16", "float16", "float64")
+    want = ({("bool", op) for op in OPS_BY_KIND["bool"]}
+            | {(d, op) for d in ("float8_e4m3fn", "float8_e5m2") for op in OPS_BY_KIND["number"]}
+            | {(d, op) for d in floats for op in ("max", "min")})
+    assert refused == want
+    assert "NaN" in library_refusal("float32", "max")
+    worker = _load_script(REPO / "scripts" / "allreduce_mps_worker.py")
+    assert worker.DTYPES == DTYPES and len(pairs) == 52 and len(pairs) - len(refused) == 32
+    assert worker.expected_cases() == 680
+    assert all(worker.library_refusal(*pair) == library_refusal(*pair) for pair in pairs)
+
+
+def test_bench_allreduce_baselines_on_one_gpu_and_the_floor():
+    """On one GPU (ranks sharing it) XLA's psum is not a baseline: NCCL refuses it; NVSHMEM's own
+    reduction and the copy are. The floor is 2 * ranks * bytes at the best copy bandwidth; a row
+    whose measurement failed keeps its error and shows as failed."""
+    bench = _load_script(REPO / "benchmarks" / "bench_allreduce.py")
+    assert bench.baselines(own_gpus=False) == ("nvshmem_library", "copy")
+    assert bench.baselines(own_gpus=True) == ("nvshmem_library", "copy", "xla")
+    assert "Duplicate GPU" in bench.NO_XLA_NOTE and ">= 2 GPUs" in bench.NO_XLA_NOTE
+    rows = [{"bytes": 1024, "copy_us": 2.0, "one_shot_us": 9.0}, {"bytes": 1 << 20, "copy_us": 100.0},
+            {"bytes": 8, "copy_error": "RuntimeError: boom"}]
+    bench.add_floor(rows, 2)
+    best = 2 * 2 * (1 << 20) / 100.0  # bytes per microsecond, the best of the run
+    assert rows[1]["floor_us"] == pytest.approx(100.0)
+    assert rows[0]["floor_us"] == pytest.approx(2 * 2 * 1024 / best) and rows[2]["floor_us"] == pytest.approx(32 / best)
+    md = bench.markdown(rows, ("one_shot", "copy"), 2, ["a note"])
+    assert "| 1024 | 9.0 | 2.0 |" in md and "| 8 | failed | failed |" in md and "- a note" in md
+
+
+# --------------------------------------------------------------------------- NVSHMEM versions (CPU)
+@pytest.mark.parametrize("built,host,ibgda,ok", [
+    ((3, 4, 5), (3, 4, 5), False, True),
+    ((3, 4, 5), (3, 8, 0), False, True),    # a newer host runs older device code (NVSHMEM 3.0's rule)
+    ((3, 4, 5), (3, 4, 0), False, True),    # NVSHMEM compares minor versions only
+    ((3, 8, 0), (3, 4, 5), False, False),   # "undefined symbol: nvshmem_selected_device_transport"
+    ((3, 4, 5), (4, 0, 0), False, False),   # another major
+    ((3, 4, 5), (2, 11, 0), False, False),
+    ((3, 4, 5), None, False, False),
+    (None, (3, 4, 5), False, False),
+    ((3, 4, 5), (3, 5, 19), True, False),   # IBGDA's layout changed in 3.5.19
+    ((3, 4, 5), (3, 5, 19), False, True),
+    ((3, 5, 19), (3, 8, 0), True, True),
+])
+def test_nvshmem_version_verdict(built, host, ibgda, ok):
+    from jax_gpuext.common import nvshmem_version
+
+    got, reason = nvshmem_version.verdict(built, host, ibgda=ibgda)
+    assert got == ok, reason
+    if not ok and built is not None and host is not None:  # the refusal names both versions
+        assert ".".join(map(str, built)) in reason and ".".join(map(str, host)) in reason
+
+
+@pytest.fixture
+def fake_nvshmem(monkeypatch):
+    """A host library of a given version and a build record, with no NVSHMEM on this machine;
+    importing _nvshmem is an error, so a verdict must come before it."""
+    import types
+
+    from jax_gpuext.common import extension, libs
+
+    def setup(host, built):
+        monkeypatch.setattr(libs, "load", lambda key: (object(), "/fake/libnvshmem_host.so.3"))
+        monkeypatch.setattr(libs, "version", lambda key: (host, "/fake/libnvshmem_host.so.3"))
+        monkeypatch.setattr(extension, "build_parts", lambda: {"nvshmem_allreduce": {
+            "built": True, "detail": "_nvshmem against NVSHMEM " + built, "version": built}})
+
+        def no_import(name):
+            raise AssertionError(f"imported {name} before checking the NVSHMEM versions")
+
+        monkeypatch.setattr(extension, "importlib", types.SimpleNamespace(import_module=no_import))
+        extension.load_nvshmem.cache_clear()
+        return extension
+
+    yield setup
+    from jax_gpuext.common import extension
+
+    extension.load_nvshmem.cache_clear()
+
+
+def _report(extension):
+    from jax_gpuext.common import nvshmem_version
+
+    return nvshmem_version.report(extension.nvshmem_built_against())
+
+
+def test_older_host_nvshmem_is_refused_before_the_import(fake_nvshmem):
+    extension = fake_nvshmem((3, 3, 9), "3.4.5")
+    mod, why = extension.load_nvshmem()
+    assert mod is None and "3.3.9" in why and "3.4.5" in why and ">= 3.4.5" in why
+    assert _report(extension) == {"built_against": "3.4.5", "host": "3.3.9", "host_where": "/fake/libnvshmem_host.so.3",
+                                  "compatible": False, "reason": why}
+
+
+def test_newer_host_nvshmem_is_accepted_and_info_says_so(fake_nvshmem):
+    from jax_gpuext.common.capabilities import format_table
+
+    extension = fake_nvshmem((3, 8, 0), "3.4.5")
+    with pytest.raises(AssertionError, match="imported jax_gpuext._nvshmem"):  # the check passed: it imports
+        extension.load_nvshmem()
+    v = _report(extension)
+    assert v["compatible"] and v["built_against"] == "3.4.5" and v["host"] == "3.8.0"
+    report = {"python": "3", "jax": "j", "jaxlib": "j", "jaxlib_ffi_api": "0.1", "cuda_driver": None, "extensions": {},
+              "build_source": {"commit": "abc", "dirty": True}, "devices": [], "libraries": {}, "nvshmem": v,
+              "gates": {"g": {"supported": True, "reason": "r"}},
+              "verified": {"allow_unverified": False, "backends": {"b": {"architectures": {}, "here": {
+                  "verified": False, "reason": "r"}}}}}
+    text = format_table(report)
+    assert "built against 3.4.5, host 3.8.0: compatible" in text and "commit abc with uncommitted changes" in text
+
+
 # --------------------------------------------------------------------------- GPU (one H100, MPS)
 @pytest.mark.verifies("all_reduce.one_shot", "all_reduce.two_shot", "all_reduce.nvshmem_library", mode="plain")
 @pytest.mark.verifies("all_reduce.graph_safe", mode="command_buffer")
@@ -249,28 +377,84 @@ def test_crossover_model():
 @pytest.mark.parametrize("mode", ["plain", "command_buffer", "timeout"])
 def test_gpu_processes_under_mps(nproc, mode):
     """scripts/run_allreduce_mps.sh starts an MPS daemon, runs nproc ranks, checks vs NumPy."""
+    bound = mps_test_bound()
     script = REPO / "scripts" / "run_allreduce_mps.sh"
-    # A session of its own, so a timeout can signal the script's whole process group: SIGTERM
-    # runs its trap, which kills every rank's process group and stops the MPS daemon.
-    p = subprocess.Popen(["bash", str(script), str(nproc), mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, env={**os.environ, "PYTHON": sys.executable}, start_new_session=True)
-    try:
-        out, err = p.communicate(timeout=600)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(p.pid, signal.SIGTERM)
-        try:
-            out, err = p.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
-            out, err = p.communicate()
-        pytest.fail(f"run_allreduce_mps.sh timed out after 600 s\nstdout:\n{out[-4000:]}\nstderr:\n{err[-4000:]}")
-    if p.returncode == 3:  # the script's environment status: not a failure of our code
+    env = {**os.environ, "PYTHON": sys.executable, "WORKER_TIMEOUT_S": str(worker_bound(bound))}
+    rc, out, err = run_in_own_session(["bash", str(script), str(nproc), mode], bound, env)
+    if rc is None:
+        pytest.fail(f"run_allreduce_mps.sh timed out after {bound:.0f} s\nstdout:\n{out[-4000:]}\nstderr:\n{err[-4000:]}")
+    if rc == 3:  # the script's environment status: not a failure of our code
         why = [ln for ln in err.splitlines() if ln.startswith("ENVIRONMENT:")]
         pytest.fail(f"ENVIRONMENT: this machine cannot run {nproc} ranks under MPS: {why}\nstderr:\n{err[-2000:]}")
-    assert p.returncode == 0, f"stdout:\n{out[-4000:]}\nstderr:\n{err[-4000:]}"
+    assert rc == 0, f"stdout:\n{out[-4000:]}\nstderr:\n{err[-4000:]}"
     assert out.count("RANK OK") == nproc
+
+
+# Bounds nest, so that a hang is stopped by the innermost one and leaves nothing running into the
+# next step: each rank (WORKER_TIMEOUT_S) < this test (JAX_GPUEXT_MPS_TEST_TIMEOUT_S, set by
+# scripts/gpu_run.sh from its step's bound) < the step. The margin between rank and test covers
+# what run_allreduce_mps.sh spends around its ranks at worst: the MPS daemon's start (MPS_WAIT_S,
+# 8 s, + 2 s), a rank's SIGKILL 5 s after its SIGTERM, the daemon's stop (5 s) and the rest.
+MPS_TEST_DEFAULT_S = 600.0
+MPS_MARGIN_S = 25.0
+STOP_GRACE_S = 10.0  # SIGTERM (the script's trap kills the ranks, stops MPS) before SIGKILL
+
+
+def mps_test_bound() -> float:
+    return float(os.environ.get("JAX_GPUEXT_MPS_TEST_TIMEOUT_S", MPS_TEST_DEFAULT_S))
+
+
+def worker_bound(test_bound: float) -> int:
+    return max(10, int(test_bound - MPS_MARGIN_S))
+
+
+def run_in_own_session(cmd, bound: float, env) -> tuple[int | None, str, str]:
+    """Runs ``cmd`` in a session of its own: ``(exit status, stdout, stderr)``, status None when it
+    ran past ``bound``. Whenever it is left behind (the bound, or pytest interrupted at its group's
+    bound), its whole process group gets SIGTERM, so the script's trap stops its ranks and the MPS
+    daemon, then SIGKILL."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=bound)
+        return p.returncode, out, err
+    except subprocess.TimeoutExpired:
+        out, err = _stop_session(p)
+        return None, out, err
+    except BaseException:
+        _stop_session(p)
+        raise
+
+
+def _stop_session(p: subprocess.Popen) -> tuple[str, str]:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(p.pid, signal.SIGTERM)
+    try:
+        return p.communicate(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        return p.communicate()
+
+
+def test_mps_bounds_nest_and_a_hang_is_stopped(tmp_path):
+    """CPU: rank bound < test bound, and a child that hangs (ignoring nothing) is stopped at the
+    bound with its whole session, grandchildren included."""
+    assert worker_bound(100) + MPS_MARGIN_S <= 100 and worker_bound(600) < 600
+    marker = tmp_path / "grandchild.pid"
+    t0 = time.monotonic()
+    rc, _, _ = run_in_own_session(["bash", "-c", f"sleep 300 & echo $! > {marker}; wait"], 2.0, dict(os.environ))
+    assert rc is None and time.monotonic() - t0 < 2.0 + STOP_GRACE_S
+    grandchild = int(marker.read_text())
+    for _ in range(50):  # the kill is asynchronous; a zombie waiting for its reaper counts as stopped
+        try:
+            if pathlib.Path(f"/proc/{grandchild}/stat").read_text().split(")")[-1].split()[0] == "Z":
+                break
+        except (FileNotFoundError, ProcessLookupError):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the hung command's child {grandchild} survived the stop")
 
 
 # --------------------------------------------------------------------------- memory spaces (issue 7)

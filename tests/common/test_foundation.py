@@ -259,6 +259,18 @@ def test_cli_info_table_and_json():
     assert json.loads(p.stdout)["gates"]["cpu_extension"]["supported"] is True
 
 
+@pytest.mark.skipif(gates.check("cuda_device").supported, reason="what a CPU-only machine prints")
+def test_cpu_only_capabilities_and_info_print_no_warning():
+    """Nothing of ours can run on CUDA here: the report says "not applicable", nobody is warned."""
+    p = _run_python("import logging, warnings; warnings.simplefilter('always'); "
+                    "logging.basicConfig(level=logging.WARNING); import jax_gpuext; jax_gpuext.capabilities()")
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    p = subprocess.run([sys.executable, "-P", "-m", "jax_gpuext", "info"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    row = next(line for line in p.stdout.splitlines() if line.startswith("float4 layout cuda"))
+    assert "not applicable" in row, row
+
+
 def test_gates_markdown_lists_every_gate():
     from jax_gpuext.common.capabilities import gates_markdown
 

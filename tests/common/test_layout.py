@@ -17,7 +17,7 @@ import pytest
 import jax_gpuext
 
 PKG_DIR = pathlib.Path(jax_gpuext.__file__).resolve().parent
-CAPABILITIES = ("formats", "dot", "collectives", "memory", "checkpoints")
+CAPABILITIES = ("formats", "dot", "collectives", "memory", "checkpoints", "ragged_dot")
 # What each package may import besides itself (the rule in its __init__ docstring). The package
 # root (jax_gpuext/__init__.py) imports every capability, so no module below it may import it.
 MAY_IMPORT = {
@@ -27,6 +27,7 @@ MAY_IMPORT = {
     "memory": ("common",),
     "checkpoints": ("common", "formats"),
     "collectives": ("common", "memory", "dot", "formats"),  # dot / formats: the tensor-parallel demo
+    "ragged_dot": ("common", "formats", "dot"),  # dot: one group's cuBLASLt scale layouts, the sm_90a build check
 }
 DOT_BACKENDS = ("reference", "xla", "cublaslt", "cudnn", "hopper_mx")
 DOT_OPS = ("jax_gpuext.dot", "jax_gpuext.dot.block_scaled_dot", "jax_gpuext.dot.scaled_dot_general")
@@ -161,11 +162,13 @@ def test_every_module_imports_alone_in_a_fresh_interpreter():
     assert p.returncode == 0, p.stdout[-6000:] + p.stderr[-3000:]
 
 
-def test_public_api_unchanged():
+def test_public_api():
     want = ["all_reduce", "Backend", "block_scaled_dot", "BlockFormat", "BlockScaledArray", "capabilities",
-            "dequantize", "distributed", "explain", "Explanation", "FP8_128x128", "FP8_TENSOR", "FP8_1x128",
+            "dequantize", "distributed", "explain", "Explanation", "export_disabled_checks", "FP8_128x128", "FP8_TENSOR", "FP8_1x128",
             "from_blackwell_scale_layout", "gates", "MemorySpace", "MXFP8_E4M3", "MXFP4", "MXFP8_E5M2", "NVFP4",
-            "place", "quantize", "scaled_dot_general", "Selection", "to_blackwell_scale_layout", "UnsupportedError"]
+            "place", "quantize", "scaled_dot_general", "Selection", "to_blackwell_scale_layout", "UnsupportedError",
+            # issue 30: the grouped dot
+            "GroupedBlockScaledArray", "quantize_grouped", "ragged_dot", "scaled_ragged_dot"]
     assert sorted(jax_gpuext.__all__) == sorted(want)
     ns = {}
     exec(f"from jax_gpuext import {', '.join(want)}", ns)  # noqa: S102 - the import users write

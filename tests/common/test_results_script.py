@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -131,44 +132,142 @@ ENTRY %main (a: f32[4], b: f32[4]) -> f32[4] {
     assert custom_calls_in_command_buffers(text) == {"gpuext_block_scaled_dot_cublaslt"}
 
 
-def test_every_sanitizer_target_names_collected_tests():
-    """gpu_run.sh runs compute-sanitizer on each line of tests/sanitizer_targets.txt; a typo there
+def _sanitizer_targets() -> dict[str, str]:
+    lines = (ROOT / "tests" / "sanitizer_targets.txt").read_text().splitlines()
+    return dict(ln.split() for ln in lines if ln.strip() and not ln.startswith("#"))
+
+
+def test_every_sanitizer_target_and_mps_step_names_collected_tests():
+    """gpu_run.sh runs compute-sanitizer on the target tests/sanitizer_targets.txt names for each
+    tool, and its all-reduce steps select test_gpu_processes_under_mps by parameter id; a typo there
     would spend scarce GPU minutes on a pytest usage error, so each must collect on CPU."""
-    targets = [t for t in (ROOT / "tests" / "sanitizer_targets.txt").read_text().splitlines() if t.strip()]
-    assert targets
+    targets = _sanitizer_targets()
+    assert set(targets) == {"memcheck", "racecheck", "memcheck:ragged"}
+    script = (ROOT / "scripts" / "gpu_run.sh").read_text()
+    mps = {f"collectives/test_allreduce.py::test_gpu_processes_under_mps[{mode}-{n}]"
+           for n, mode in re.findall(r"step_mps_test (\d) (\w+)", script)}
+    assert len(mps) == 4, mps
     r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                        *(str(ROOT / "tests" / t) for t in targets)], capture_output=True, text=True,
-                       cwd="/")  # as gpu_run.sh runs them: from /, so the source tree does not shadow the install
+                        *(str(ROOT / "tests" / t) for t in [*targets.values(), *sorted(mps)])],
+                       capture_output=True, text=True, cwd="/")  # as gpu_run.sh runs them: from /
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert r.stdout.count("::") == len(targets) + len(mps), r.stdout[-2000:]
 
 
-def test_gpu_run_script_on_a_machine_without_a_gpu(tmp_path):
-    """scripts/gpu_run.sh itself (argument parsing, step bounds, the benchmark loop, exit statuses,
-    the results) with a stand-in nvidia-smi and JAX kept on CPU: every benchmark refuses, and the
-    results name each one with its exit status and the reason from its log. A bash slip here would
-    otherwise first show on the GPU machine, whose minutes are scarce."""
+# ------------------------------------------------------------------ scripts/gpu_run.sh on CPU
+PART_1 = ["env", "install", "info", "tests_main", "tests_hopper_mx", "bench_quantize", "bench_dot", "bench_hopper_mx",
+          "probe_cudnn", "allreduce_2_plain", "allreduce_2_timeout", "memcheck"]  # docs/design.md's order
+PART_2 = ["env", "install", "info", "allreduce_2_command_buffer", "tests_ragged_hopper", "allreduce_4_plain",
+          "bench_allreduce", "bench_ragged_dot", "racecheck", "memcheck_ragged", "bench_dot_full"]
+RESERVE_S = 10  # gpu_run.sh's GPU_RUN_RESERVE_S default
+
+# Stands in for every step but env, install and info: records the step, its bound, the command and
+# how many steps the results file already lists (the results must be rewritten after every step).
+DRY_STUB = """#!/usr/bin/env python3
+import glob, json, os, sys
+files = glob.glob(os.path.join(os.environ["RESULTS_DIR"], "*.json"))
+done = len(json.load(open(files[0]))["steps"]) if len(files) == 1 else -1
+with open(os.environ["STUB_LOG"], "a") as f:
+    f.write(json.dumps([os.environ["GPU_RUN_STEP"], int(os.environ["GPU_RUN_STEP_BOUND"]), done, sys.argv[1:]]) + "\\n")
+"""
+
+
+def _gpu_run(tmp_path, *args, dry: bool, extra_env=None, timeout=300):
+    """gpu_run.sh with a stand-in nvidia-smi and JAX on CPU; its results JSON, the process, the file."""
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
+    bin_dir.mkdir(exist_ok=True)
     smi = bin_dir / "nvidia-smi"
     smi.write_text('#!/bin/sh\necho "Stand-in GPU, 1.0, 1 MiB, 9.0"\n')
     smi.chmod(0o755)
     out = tmp_path / "results"
     env = os.environ | {"PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": sys.executable, "RESULTS_DIR": str(out),
-                        "GPU_RUN_COMMIT": "dry", "JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": ""}
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_run.sh"), "--no-build", "--quick", "--only", "bench"],
-                       env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+                        "JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": "", "GPU_RUN_SITE": str(tmp_path / "site")}
+    env.pop("GPU_RUN_COMMIT", None)
+    if dry:
+        stub = tmp_path / "stub.py"
+        stub.write_text(DRY_STUB)
+        stub.chmod(0o755)
+        env |= {"GPU_RUN_DRY_RUN": "1", "GPU_RUN_DRY_STUB": str(stub), "STUB_LOG": str(tmp_path / "stub.log")}
+    env |= extra_env or {}
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_run.sh"), "--install", "installed", *args],
+                       env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+    files = list(out.glob("*-stand-in-gpu-part*.json"))
+    assert len(files) == 1, (files, r.stdout[-3000:], r.stderr[-3000:])
+    return json.loads(files[0].read_text()), r, files[0]
+
+
+def _stub_calls(tmp_path) -> list:
+    log = tmp_path / "stub.log"
+    return [json.loads(ln) for ln in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_gpu_run_part_1_dry_run_order_bounds_and_results_after_every_step(tmp_path):
+    """The whole first call on CPU, every GPU step stubbed and the clock advanced by each step's
+    expected time: the steps run in the documented order, each under a bound that fits in what is
+    left of the 400 s budget, the expected times fit the budget, and the results file is rewritten
+    after every step (each stubbed step sees all earlier ones in it)."""
+    result, r, path = _gpu_run(tmp_path, "--part", "1", dry=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    (js,) = out.glob("*-stand-in-gpu.json")
-    result = json.loads(js.read_text())
-    assert result["commit"] == "dry" and result["gpu_tests"] == {"ran": False, "exit_status": 0}
+    steps = result["steps"]
+    assert [s["step"] for s in steps] == PART_1, r.stdout[-3000:]
+    assert result["not_run"] == [] and result["part"] == 1 and path.name.endswith("-part1.json")
+    for s in steps:
+        assert s["exit_status"] == 0, s
+        assert 20 <= s["bound_s"] <= 400 - s["started_s"] - RESERVE_S, s  # inside what was left
+        assert s["expected_s"] <= s["bound_s"], s
+    # the expected times fit with a second per step to spare for writing the results and the sweep
+    assert sum(s["expected_s"] for s in steps) + len(steps) <= 400 - RESERVE_S
+    calls = _stub_calls(tmp_path)
+    assert [c[0] for c in calls] == PART_1[3:]
+    for i, (name, bound, done, _) in enumerate(calls):
+        assert done == 3 + i, (name, done)  # env, install, info and every stubbed step before it
+        assert bound == next(s["bound_s"] for s in steps if s["step"] == name)
+    argv = {c[0]: " ".join(c[3]) for c in calls}
+    assert "step_sanitizer memcheck" in argv["memcheck"] and "step_mps_test 2 plain" in argv["allreduce_2_plain"]
+    assert "--quick" in argv["bench_dot"] and argv["bench_dot"].endswith(" _ ")  # hopper_mx passed (stub)
+    # what the real steps recorded: the machine, the installed build and where the commit came from
+    assert any("nvidia-cuda-mps-control" in ln for ln in result["environment"])
+    assert any("/dev/shm" in ln for ln in result["environment"])
+    assert result["commit_from"].startswith("the installed build") and result["versions"]["jax"]
+    md = path.with_suffix(".md").read_text()
+    assert "## Steps" in md and "memcheck" in md and "part 1" in md
+
+
+def test_gpu_run_part_2_dry_run_skips_what_no_longer_fits(tmp_path):
+    """A budget too small for the second call: the steps that no longer fit are not started and
+    the results list them as not run; the rest keep the documented order."""
+    result, r, _ = _gpu_run(tmp_path, "--part", "2", dry=True, extra_env={"GPU_RUN_BUDGET_S": "150"})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    ran = [s["step"] for s in result["steps"]]
+    assert ran == [s for s in PART_2 if s in ran] and ran[:4] == PART_2[:4]
+    skipped = [ln.split()[0] for ln in result["not_run"]]
+    assert skipped and sorted(ran + skipped) == sorted(PART_2), (ran, skipped)
+    assert "bench_dot_full" in skipped and all("budget" in ln for ln in result["not_run"])
+    for s in result["steps"]:
+        assert s["bound_s"] <= 150 - s["started_s"] - RESERVE_S, s
+
+
+def test_gpu_run_real_steps_on_a_machine_without_a_gpu(tmp_path):
+    """The real commands of a few steps (no stub): a benchmark and a probe refuse (exit 2, the
+    reason in their log), the 2-rank MPS test is selected by its id and fails its GPU gate, the
+    sanitizer step fails without compute-sanitizer; the results name each with its exit status
+    and log, and the run's exit status is the failed test group's."""
+    only = "env,bench_quantize,probe_cudnn,allreduce_2_timeout,memcheck"  # the dry runs cover install, info
+    result, r, _ = _gpu_run(tmp_path, "--only", only, dry=False, extra_env={"GPU_RUN_COMMIT": "dry"})
+    assert r.returncode != 0, r.stdout[-3000:]  # the GPU test failed (its gate is closed here)
+    assert result["commit"] == "dry" and [s["step"] for s in result["steps"]] == only.split(",")
     steps = {b["benchmark"]: b for b in result["benchmarks"]}
-    scripts = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py")
-                     if p.stem.startswith(("bench_", "probe_")) and p.stem != "bench_cpu")  # CI's CPU table
-    assert sorted(steps) == scripts
+    assert sorted(steps) == ["bench_quantize", "probe_cudnn"]
     for name, b in steps.items():
         assert b["exit_status"] == 2 and b["error"] == "wrote no results", (name, b)
         assert any("need" in line for line in b["log_tail"]), (name, b["log_tail"])
-    assert js.with_suffix(".md").read_text().count("exit status 2") == len(scripts)
+    t = result["gpu_tests"]
+    assert t["group_exits"]["allreduce_2_timeout"] != 0
+    (case,) = t["cases"]
+    assert case["test"].endswith("test_gpu_processes_under_mps[timeout-2]") and case["outcome"] in ("failure", "error")
+    memcheck = next(s for s in result["steps"] if s["step"] == "memcheck")
+    assert memcheck["exit_status"] != 0 and "sanitizer-memcheck.txt" in result["sanitizer_reports"]
+    assert "memcheck formats/test_formats_gpu.py::" in result["sanitizer"]
 
 
 def _run_mps_script(tmp_path, stand_in: str | None):

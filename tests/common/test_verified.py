@@ -30,8 +30,9 @@ import update_verified  # noqa: E402
 
 NOT_VERIFIED = "not verified on sm_90 at this source (see benchmarks/results)"
 XLA_NATIVE = {("block_scaled_dot", "xla"), ("block_scaled_dot", "reference"), ("quantize", "xla"),
-              ("quantize", "reference"), ("dequantize", "xla"), ("dequantize", "reference"), ("all_reduce", "xla"), ("all_reduce", "reference"),
-              ("place", "memory_kind"), ("place", "xla")}
+              ("quantize", "reference"), ("dequantize", "xla"), ("dequantize", "reference"), ("all_reduce", "xla"),
+              ("all_reduce", "reference"), ("place", "memory_kind"), ("place", "xla"), ("ragged_dot", "xla"),
+              ("ragged_dot", "reference")}
 
 
 # --------------------------------------------------------------------------- a simulated H100

@@ -1,0 +1,109 @@
+"""Quantization along a ragged axis with blocks that restart at each group's first row.
+
+``quantize_grouped(x, fmt, group_sizes, axis=...)`` is ``jax_gpuext.quantize`` with one change: along
+``axis`` (length M, split by ``group_sizes`` into G groups and the rows past them), a block never
+holds rows of two groups. Block j of a group holds its rows j*b .. j*b + b - 1 (b the format's
+block; the group's last block may be partial, as a tensor's last block is). This is what a
+per-expert kernel computes, and what the weight gradient of a grouped dot needs (its tokens are
+contracted within each group).
+
+Exact and on the device, without a host sync and with static shapes: the rows are gathered into
+the padded "slot" layout (``common.slot_rows``: every grouped block is then an ordinary, aligned
+block, padded with zeros, which no format's rule sees: zeros change no block maximum), quantized
+there by ``jax_gpuext.quantize`` (any of its backends; bit for bit its rules) and gathered back.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jax_gpuext import formats
+from jax_gpuext.ragged_dot import common
+
+
+def _along(mask, axis: int, ndim: int):
+    """A (n,) mask shaped to broadcast along ``axis`` of a rank-``ndim`` array."""
+    shape = [1] * ndim
+    shape[axis] = -1
+    return mask.reshape(shape)
+
+
+_FP4 = jnp.dtype(jnp.float4_e2m1fn)
+
+
+def _take(x, rows, valid, axis: int):
+    """x's rows ``rows`` along ``axis`` where ``valid``, zero elsewhere.
+
+    float4 is moved as float32 (every E2M1 value is exact in float32, both ways) and converted
+    back only after an optimization barrier, so no XLA gather or select ever produces 4-bit
+    elements: jaxlib 0.7's CPU compiler miscompiles such fusions (a jitted ``jnp.take(v,
+    idx).astype(float4_e2m1fn)`` returned with a second output corrupts the heap, without any
+    jax_gpuext code involved; a uint4 carrier fails LLVM verification), newer jaxlibs do not.
+    An elementwise conversion of a materialized float32 array is safe there."""
+    mask = _along(valid, axis, x.ndim)
+    if jnp.dtype(x.dtype) == _FP4:
+        wide = jnp.where(mask, jnp.take(x.astype(jnp.float32), rows, axis=axis), jnp.float32(0))
+        return lax.optimization_barrier(wide).astype(_FP4)
+    return jnp.where(mask, jnp.take(x, rows, axis=axis), jnp.zeros((), x.dtype))
+
+
+def _axis(axis, ndim: int, shape, what: str) -> int:
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"{what}: axis must be an int, got {type(axis).__name__} {axis!r}")
+    if ndim == 0 or not -ndim <= axis < ndim:
+        raise ValueError(f"{what}: axis {axis} is out of range for x of shape {tuple(shape)}")
+    return int(axis) % ndim
+
+
+def quantize_grouped(x, fmt, group_sizes, *, axis: int = -1, scale_rounding: str = "up", global_scale=None,
+                     backend: str = "auto") -> common.GroupedBlockScaledArray:
+    """Quantizes ``x`` to ``fmt`` along ``axis``, blocks restarting at each group of ``group_sizes``.
+
+    ``fmt``: a format with one block axis (MXFP8_E4M3 / E5M2, MXFP4, NVFP4, FP8_1x128).
+    ``group_sizes``: (G,) int32 on the device, as ``ragged_dot`` takes it (the same sizes must go
+    with the result to ``ragged_dot``). ``scale_rounding``, ``global_scale`` (NVFP4: default
+    amax / (6 * 448) of all of ``x``) and ``backend`` are ``jax_gpuext.quantize``'s.
+    """
+    what = "quantize_grouped"
+    fmt = common.check_grouped_format(fmt, what)
+    x = formats.as_array(x, what, "x")
+    if x.dtype not in formats.INPUT_DTYPES:
+        raise TypeError(f"{what}: x must be float32, bfloat16 or float16, got {x.dtype} (shape {x.shape})")
+    ax = _axis(axis, x.ndim, x.shape, what)
+    group_sizes = common.check_group_sizes(group_sizes, what)
+    g, m, b = int(group_sizes.shape[0]), x.shape[ax], fmt.block[0]
+    nblocks = common.grouped_block_count(m, g, b)
+    layout = common.grouped_layout(group_sizes, m, b)
+    rows, valid = common.slot_rows(layout, nblocks)
+    padded = _take(x, rows, valid, ax)
+    # NVFP4's default global scale, amax / (6 * 448), comes out the same from `padded`: it holds
+    # every element of x once, plus zeros.
+    q = formats.quantize(padded, fmt, axis=ax, scale_rounding=scale_rounding, global_scale=global_scale,
+                         backend=backend)
+    block, pos = common.row_blocks(layout)
+    data = _take(q.data, block * b + pos, jnp.ones((m,), bool), ax)
+    return common.GroupedBlockScaledArray(data, q.scale, q.global_scale, fmt, ax, g)
+
+
+def dequantize_grouped(q, group_sizes, dtype=jnp.float32, *, backend: str = "auto"):
+    """The values of a ``GroupedBlockScaledArray`` (``jax_gpuext.dequantize``'s rule, per grouped
+    block), rounded once to ``dtype``; ``group_sizes`` must be those it was quantized with."""
+    what = "dequantize_grouped"
+    if not isinstance(q, common.GroupedBlockScaledArray):
+        raise TypeError(f"{what} expects a GroupedBlockScaledArray (from quantize_grouped), got {type(q).__name__}")
+    q.check(what)
+    group_sizes = common.check_group_sizes(group_sizes, what)
+    if group_sizes.shape[0] != q.groups:
+        raise ValueError(f"{what}: the array was quantized in {q.groups} groups but group_sizes has shape "
+                         f"{tuple(group_sizes.shape)}")
+    ndim, ax = q.data.ndim, q.axis % q.data.ndim
+    m, b = q.data.shape[ax], q.format.block[0]
+    layout = common.grouped_layout(group_sizes, m, b)
+    rows, valid = common.slot_rows(layout, q.scale.shape[ax])
+    padded = _take(q.data, rows, valid, ax)
+    values = formats.dequantize(formats.BlockScaledArray(padded, q.scale, q.global_scale, q.format, ax), dtype,
+                                backend=backend)
+    block, pos = common.row_blocks(layout)
+    return jnp.take(values, block * b + pos, axis=ax)

@@ -1,0 +1,63 @@
+"""Backend ``reference`` of ``ragged_dot``: the definition every other backend is tested against.
+
+Each operand is dequantized to float32 (data x its block scale: exact for E8M0 / E4M3 scales; for
+FP8 blockwise's float32 scales the product is rounded once, as in the dense reference), then one
+dense float32 dot (``lax.dot``, HIGHEST precision, float32 accumulation) per group:
+
+- ``ragged_m``: out[m, :] = lhs[m, :] @ rhs[g(m)], g(m) the group of row m; rows in no group are 0.
+- ``ragged_contract``: out[g] = sum over the rows m of group g of lhs[:, m] (x) rhs[m, :], the
+  other groups' rows masked to zero (exact zeros, which change no float32 sum).
+
+Global scales (NVFP4) multiply the float32 accumulator, per group for a per-group rhs scale, and
+the result is cast to the output dtype once. It costs G dense dots (no data-dependent shapes): a
+definition, not a fast path.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from jax_gpuext.common import backends
+from jax_gpuext.ragged_dot import common
+
+HIGHEST = lax.Precision.HIGHEST
+
+
+def impl(lhs, rhs, group_sizes, p: common.RaggedProblem, sel=None):
+    groups = common.row_groups(group_sizes, p.M)
+    if p.mode == "ragged_m":
+        a = common.dequantized(lhs)  # (M, K)
+        w = common.dequantized(rhs)
+        w = w if p.rhs_contract == 1 else jnp.swapaxes(w, 1, 2)  # (G, K, N)
+
+        def group(g, acc):
+            y = lax.dot(a, w[g], precision=HIGHEST, preferred_element_type=jnp.float32)
+            return jnp.where((groups == g)[:, None], y, acc)
+
+        # The carry starts from group 0's rows rather than from constant zeros: under shard_map a
+        # loop carry must be as device-varying as what the body returns.
+        acc = group(0, jnp.zeros((), jnp.float32)) if p.G else jnp.zeros((p.M, p.N), jnp.float32)
+        acc = lax.fori_loop(1, p.G, group, acc) if p.G > 1 else acc
+    else:
+        a = common.dequantized(lhs, jnp.float32, group_sizes)
+        a = a if p.lhs_contract == 1 else a.T  # (K, M)
+        b = common.dequantized(rhs, jnp.float32, group_sizes)
+        b = b if p.rhs_contract == 0 else b.T  # (M, N)
+
+        def group(g):
+            masked = jnp.where((groups == g)[None, :], a, jnp.zeros((), jnp.float32))
+            return lax.dot(masked, b, precision=HIGHEST, preferred_element_type=jnp.float32)
+
+        acc = lax.map(group, jnp.arange(p.G, dtype=jnp.int32)) if p.G else jnp.zeros((0, p.K, p.N), jnp.float32)
+    return common.apply_global_scales(acc, lhs, rhs, group_sizes, p)
+
+
+BACKEND = backends.Backend(
+    "reference", ("cpu", "cuda"), (), "dequantize to float32, then one float32 dot per group (the semantic definition)",
+    takes="every format pair of one family (MX: MXFP8 E4M3/E5M2 and MXFP4 in any pairing; NVFP4; FP8_1x128 x "
+          "FP8_128x128 / FP8_1x128), both modes, any shape")
+
+
+def register(register_impl) -> None:
+    register_impl("reference", BACKEND, impl)

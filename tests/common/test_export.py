@@ -1,0 +1,140 @@
+"""jax.export of functions that use our ops (issue 27 item 3): ``export_disabled_checks()`` names
+every target our ops may emit, and a program exported here runs in a fresh process after
+nothing but ``import jax_gpuext`` (and fails there without it: the test can fail)."""
+
+from __future__ import annotations
+
+import importlib
+import pathlib
+import pkgutil
+import re
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_gpuext as gx
+from jax_gpuext.common import extension as _ext
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _check_names(checks) -> set[str]:
+    # DisabledSafetyCheck.custom_call(t) is the check "custom_call:<t>" (jax/_src/export/_export.py)
+    return {c.is_custom_call() for c in checks}
+
+
+def test_disabled_checks_name_every_target_the_sources_register():
+    # Every module that may emit a target, imported (the package root imports each op's; this
+    # also reaches backends of ops not yet public), has declared it.
+    for m in pkgutil.walk_packages(gx.__path__, "jax_gpuext."):
+        importlib.import_module(m.name)
+    checks = gx.export_disabled_checks()
+    assert all(isinstance(c, jax.export.DisabledSafetyCheck) for c in checks)
+    names = _check_names(checks)
+    in_sources = set()
+    for path in (ROOT / "ffi").rglob("*.cc"):
+        in_sources |= set(re.findall(r'GPUEXT_REGISTER_FFI_(?:TARGET|STAGE)\("(\w+)"', path.read_text()))
+    assert in_sources and names == in_sources
+    assert set(_ext.module("cpu").registrations()) <= names
+    assert set(_ext.TARGETS.values()) == {"quantize", "dequantize", "block_scaled_dot", "place",
+                                         "all_reduce", "ragged_dot"}
+
+
+def _program():
+    """Every op with a CPU custom call, forward and backward: quantize, dequantize,
+    block_scaled_dot, scaled_dot_general (its custom_vjp), place."""
+    def f(x, w):
+        qx, qw = gx.quantize(x, gx.MXFP8_E4M3), gx.quantize(w.T, gx.NVFP4)
+        y = gx.block_scaled_dot(qx, gx.quantize(w.T, gx.MXFP8_E4M3), backend="reference")
+        loss = lambda w: jnp.sum(gx.scaled_dot_general(x, w, (((1,), (0,)), ((), ()))) ** 2)  # noqa: E731
+        return (y, gx.dequantize(qw, jnp.float32), jax.grad(loss)(w),
+                gx.place(x, gx.MemorySpace.TEMP, backend="identity"))
+    return f
+
+
+def _run(code: str):
+    # -P: the installed package, not a source tree in the working directory (no compiled modules)
+    return subprocess.run([sys.executable, "-P", "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_exported_program_runs_in_a_fresh_process_after_import(tmp_path):
+    x = jax.random.normal(jax.random.key(0), (8, 64))
+    w = jax.random.normal(jax.random.key(1), (64, 32))
+    with pytest.raises(Exception, match="gpuext_"):  # jax's default safety check refuses our targets
+        jax.export.export(jax.jit(_program()))(x, w)
+    exp = jax.export.export(jax.jit(_program()), disabled_checks=gx.export_disabled_checks())(x, w)
+    text = exp.mlir_module()
+    for target in ("gpuext_quantize", "gpuext_dequantize", "gpuext_place"):
+        assert target in text, target
+    (tmp_path / "f.bin").write_bytes(exp.serialize())
+    np.savez(tmp_path / "io.npz", x=x, w=w, *[np.asarray(r) for r in jax.jit(_program())(x, w)])
+    run = f"""
+        import numpy as np, jax
+        exp = jax.export.deserialize(bytearray(open({str(tmp_path / 'f.bin')!r}, 'rb').read()))
+        io = np.load({str(tmp_path / 'io.npz')!r})
+        got = exp.call(io['x'], io['w'])
+        for i, g in enumerate(got):
+            np.testing.assert_array_equal(np.asarray(g), io[f'arr_{{i}}'])
+        print('ran', len(got))
+        """
+    bare = _run(run)  # control: a fresh process without our import has no handlers
+    assert bare.returncode != 0 and "gpuext_" in bare.stderr, bare.stderr[-2000:]
+    # our import alone, and it initializes no jax backend (jax.distributed.initialize may follow it)
+    ours = _run("import jax_gpuext\nfrom jax._src import xla_bridge\n"
+                "assert not getattr(xla_bridge, '_backends', None), 'import initialized a backend'\n" + textwrap.dedent(run))
+    assert ours.returncode == 0 and "ran 4" in ours.stdout, ours.stderr[-3000:]
+
+
+def test_registration_failure_is_recorded_not_raised(monkeypatch):
+    """import must never fail: XLA refusing a target turns the extension's gate off, with why."""
+    from jax_gpuext.common import gates
+
+    monkeypatch.setattr(_ext, "_registered", set())
+    monkeypatch.setattr(_ext, "_registration_errors", {})
+
+    def refuse(name, handler, platform):
+        raise RuntimeError(f"no {name} here")
+    monkeypatch.setattr(jax.ffi, "register_ffi_target", refuse)
+    _ext.ensure_all_registered()
+    assert "no gpuext_" in _ext.registration_error("cpu")
+    gates.clear_cache()
+    try:
+        r = gates.check("cpu_extension")
+        assert not r.supported and "registering its FFI targets failed: RuntimeError: no gpuext_" in r.reason
+    finally:
+        monkeypatch.undo()
+        gates.clear_cache()
+    assert gates.check("cpu_extension").supported
+
+
+def test_exported_all_reduce_runs_in_a_fresh_process_after_import(tmp_path):
+    """The CPU protocol handler (gpuext_all_reduce) under shard_map over 4 host devices (conftest
+    gives this process 8, and the child inherits XLA_FLAGS)."""
+    from jax.sharding import Mesh, PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()[:4]), ("d",))
+    f = jax.jit(jax.shard_map(lambda v: gx.all_reduce(v, "d", algorithm="one_shot"), mesh=mesh,
+                              in_specs=P("d"), out_specs=P("d"), check_vma=False))
+    x = jax.random.normal(jax.random.key(2), (4, 8))
+    exp = jax.export.export(f, disabled_checks=gx.export_disabled_checks())(x)
+    assert "gpuext_all_reduce" in exp.mlir_module()
+    (tmp_path / "f.bin").write_bytes(exp.serialize())
+    np.savez(tmp_path / "io.npz", x=x, y=f(x))
+    ours = _run(f"""
+        import jax_gpuext
+        import jax, numpy as np
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+        exp = jax.export.deserialize(bytearray(open({str(tmp_path / 'f.bin')!r}, 'rb').read()))
+        io = np.load({str(tmp_path / 'io.npz')!r})
+        mesh = Mesh(np.array(jax.devices()[:4]), ("d",))
+        got = jax.jit(exp.call)(jax.device_put(io['x'], NamedSharding(mesh, P("d"))))
+        np.testing.assert_array_equal(np.asarray(got), io['y'])
+        print('ran')
+        """)
+    assert ours.returncode == 0 and "ran" in ours.stdout, ours.stderr[-3000:]

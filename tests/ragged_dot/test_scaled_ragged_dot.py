@@ -1,0 +1,116 @@
+"""scaled_ragged_dot (issue 30): forward and both gradients against the float64 model of the
+quantized math (tests/_ragged_numpy.py: the weight gradient's per-group quantization is the
+model's own), and under jit, vmap of grad, remat and jax.export."""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import export as jax_export  # a submodule jax 0.7 does not import by itself
+
+import _ragged_numpy as rnp
+import jax_gpuext as gx
+from jax_gpuext.dot import recipe
+
+M, K, N = 100, 256, 144
+SIZES = np.array([0, 37, 1, 50, 0], np.int32)  # sum 88 < M
+G = len(SIZES)
+
+
+def rand(key, shape, scale=1.0):
+    return jax.random.normal(jax.random.key(key), shape, jnp.float32) * scale
+
+
+def _values(q):
+    g = 1.0 if q.global_scale is None else np.float64(q.global_scale)
+    return rnp.dequant(q) * g
+
+
+def expected(x, w, dy, fmt):
+    """(y, dx, dw) of the quantized math in float64, with their magnitudes for the error bound."""
+    rec = recipe(fmt, None)
+    two_d = len(rec.rhs.block) == 2
+    qx, qw = gx.quantize(x, rec.lhs), gx.quantize(w, rec.rhs, axis=-1 if two_d else 1)
+    y = rnp.ragged_m(_values(qx), _values(qw), SIZES)
+    qdy = gx.quantize(dy, rec.grad)
+    qwb = gx.quantize(w, rec.rhs_bwd, axis=-1 if len(rec.rhs_bwd.block) == 2 else 2)
+    dx = rnp.ragged_m(_values(qdy), np.swapaxes(_values(qwb), 1, 2), SIZES)
+    (xt, gl), (dyv, gr) = (rnp.grouped_values(np.asarray(x).T, rec.lhs_bwd, SIZES, 1),
+                           rnp.grouped_values(np.asarray(dy), rec.grad, SIZES, 0))
+    dw, mag = rnp.ragged_contract(xt, dyv, SIZES)
+    return y, dx, (dw * gl * gr, mag * gl * gr)
+
+
+@pytest.mark.parametrize("fmt", [(gx.FP8_1x128, gx.FP8_128x128), (gx.MXFP8_E4M3, gx.MXFP4), gx.NVFP4],
+                         ids=["deepseek", "mxfp8-mxfp4", "nvfp4"])
+def test_forward_and_gradients_match_the_float64_model(fmt):
+    x, w, dy = rand(1, (M, K), 2.0), rand(2, (G, K, N), 0.3), rand(3, (M, N))
+    f = jax.jit(lambda x, w: jax.vjp(lambda a, b: gx.scaled_ragged_dot(a, b, jnp.asarray(SIZES), format=fmt,
+                                                                       preferred_element_type=jnp.float32), x, w))
+    y, vjp = f(x, w)
+    dx, dw = vjp(dy)
+    (ye, ym), (dxe, dxm), (dwe, dwm) = expected(x, w, dy, fmt)
+    rnp.assert_close(y, ye, ym)
+    rnp.assert_close(dx, dxe, dxm)
+    rnp.assert_close(dw, dwe, dwm)
+    assert dx.dtype == x.dtype and dw.dtype == w.dtype
+    # and near the unquantized gradients (a transposed or misgrouped operand would be far)
+    yt, vjpt = jax.vjp(lambda a, b: jax.lax.ragged_dot(a, b, jnp.asarray(SIZES), precision="highest"), x, w)
+    for got, true in ((y, yt), *zip((dx, dw), vjpt(dy))):
+        assert np.linalg.norm(got - true) <= 0.2 * np.linalg.norm(true)
+
+
+def loss(x, w, sizes):
+    return jnp.sum(jnp.square(gx.scaled_ragged_dot(x, w, sizes, preferred_element_type=jnp.float32)))
+
+
+@pytest.mark.slow
+def test_remat_vmap_of_grad_and_bf16():
+    x, w, sizes = rand(4, (M, K)), rand(5, (G, K, N), 0.3), jnp.asarray(SIZES)
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
+    remat = jax.jit(jax.grad(jax.checkpoint(loss), argnums=(0, 1)))
+    for a, b in zip(grad(x, w, sizes), remat(x, w, sizes)):
+        assert np.array_equal(a, b)
+    # per-example weight gradients: vmap over tokens and group sizes, weights shared
+    xs = jnp.stack([x, x[::-1]])
+    ss = jnp.stack([sizes, sizes[::-1]])
+    per_example = jax.jit(jax.vmap(jax.grad(loss, argnums=1), in_axes=(0, None, 0)))(xs, w, ss)
+    for i in range(2):
+        want = jax.grad(loss, argnums=1)(xs[i], w, ss[i])
+        np.testing.assert_allclose(per_example[i], want, rtol=0, atol=1e-5 * np.abs(want).max())
+    # bfloat16 operands: cotangents come back in bfloat16
+    dxb, dwb = jax.grad(loss, argnums=(0, 1))(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), sizes)
+    assert dxb.dtype == dwb.dtype == jnp.bfloat16
+
+
+@functools.cache
+def _exported():
+    x, w, sizes = rand(6, (M, K)), rand(7, (G, K, N), 0.3), jnp.asarray(SIZES)
+    step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+    text = step.lower(x, w, sizes).as_text()
+    targets = sorted(set(re.findall(r"custom_call @(gpuext_\w+)", text)))
+    checks = [jax_export.DisabledSafetyCheck.custom_call(t) for t in targets]
+    return jax_export.export(step, disabled_checks=checks)(x, w, sizes), step(x, w, sizes), (x, w, sizes)
+
+
+def _same(got, want):
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert np.array_equal(a, b)
+
+
+def test_export():
+    """jax.export of a training step. Our CPU custom calls (gpuext_quantize) are outside jax's
+    allow-list, so the test names them; the ragged dot itself is XLA's (no custom call)."""
+    exported, want, args = _exported()
+    _same(exported.call(*args), want)
+
+
+def test_export_serialized_round_trip():
+    pytest.importorskip("flatbuffers", reason="jax.export serialization needs flatbuffers")
+    exported, want, args = _exported()
+    _same(jax_export.deserialize(exported.serialize()).call(*args), want)
