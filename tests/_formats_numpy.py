@@ -107,16 +107,21 @@ def nvfp4_global_scale(x):
     return np.float32(max(float(np.float32(amax / 2688.0)), MIN_NORMAL_F32))
 
 
-def nvfp4(xb, g):
+def nvfp4(xb, g, rounding="nearest"):
+    """jax.nn's order: y = RN(amax / g); scale = E4M3 of y / 6 (nearest even, or up with 1.0 for an
+    all-zero block), saturating; elements RN_E2M1(RN(RN(x / g) / scale)), x / 0 saturating."""
     g = float(g)
     amax, special = _amax(xb, -1)
     if not (np.isfinite(g) and g >= MIN_NORMAL_F32):
         special = np.ones_like(special)
-    s6 = rn24(6.0 * g)
-    sb = round_to(rn24(amax / s6), E4M3, mode="up")
-    sb = np.where(amax == 0, 1.0, sb)
-    s_eff = rn24(sb * g)
-    data = round_to(rn24(xb / s_eff), E2M1)
+    y = rn24(amax / g)
+    sb = round_to(y / 6.0, E4M3, mode="up" if rounding == "up" else "nearest")
+    if rounding == "up":
+        sb = np.where(amax == 0, 1.0, sb)
+    xs = rn24(xb / g)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        data = round_to(rn24(np.where(sb == 0, 1.0, xs / np.where(sb == 0, 1.0, sb))), E2M1)
+    data = np.where(sb == 0, np.copysign(np.where(xb == 0, 0.0, 6.0), xb), data)
     return np.where(special, 0, data), np.where(special, np.nan, sb)
 
 

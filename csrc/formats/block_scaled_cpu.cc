@@ -190,6 +190,7 @@ struct Quantize {
     if constexpr (N > 0) n = N;
     float p = 1.0f;
     const bool fast = QuantFastScale<Fmt>(s, &p);
+    const float gf = AsFloat(s.g);  // NVFP4 divides by g first; other formats ignore it
     const bool div_loop = kBf16Div && Bf16DivLoopPays();
     uint8_t buf[kChunk];
     for (int64_t c = 0; c < n; c += kChunk) {
@@ -199,7 +200,7 @@ struct Quantize {
       uint8_t* out = a.geo.fp4_packed ? buf : static_cast<uint8_t*>(a.data) + e0 + c;
       if constexpr (kBf16Div) {
         if (fast && div_loop) {
-          QuantizeBf16Div<Fmt>(xs, m, p, out);
+          QuantizeBf16Div<Fmt>(xs, m, p, gf, out);
           if (a.geo.fp4_packed) StoreCodes(a.data, true, e0 + c, buf, m);
           continue;
         }
@@ -212,7 +213,7 @@ struct Quantize {
           for (int64_t i = 0; i < m; ++i) out[i] = QuantizeBf16Pow2<Fmt>(xs[i], kshift, slow);
         }
         if (slow)
-          for (int64_t i = 0; i < m; ++i) out[i] = QuantizeFast<Fmt>(In::Bits(xs[i]), p);
+          for (int64_t i = 0; i < m; ++i) out[i] = QuantizeFast<Fmt>(In::Bits(xs[i]), p, gf);
       } else {
         for (int64_t i = 0; i < m; ++i) out[i] = uint8_t(QuantizeElement(Fmt::kFormat, s, uint32_t(In::Bits(xs[i]))));
       }
@@ -242,6 +243,8 @@ struct Quantize {
     for (int64_t j = j0; j < count; ++j) amax[j] = AbsMaxF32<In, kB>(x + e0 + j * kB, kB);
     PrefetchAhead(x + e0, count * kB * int64_t(sizeof(T)));
     const uint32_t up = a.scale_rounding == kRoundUp ? 1u : 0u, gbits = GlobalBits(a.geo, a.global_scale, o);
+    const int32_t gk = GlobalK(gbits);
+    const float gf = AsFloat(gbits);
     for (int64_t j = 0; j < count; ++j) simple[j] = SimpleBlockScale<Fmt>(amax[j], up, gbits, &stored[j], &k[j], &m[j]);
     if constexpr (kBf16Pow2) {
       // bf16 x MX: one element loop over the group, each element with its block's k << 7, so the
@@ -283,7 +286,7 @@ struct Quantize {
       uint32_t all = 1;
       for (int64_t j = 0; j < count; ++j) {  // QuantFastScale, branch-free (a vectorised loop)
         p[j] = QuantFastParam<Fmt>(k[j], m[j]);
-        all &= simple[j] & QuantFastK<Fmt>(k[j]);
+        all &= simple[j] & QuantFastK<Fmt>(k[j], gk);
       }
       if constexpr (kBf16Nvfp4) {
         // bf16 x NVFP4: compares, no division (Nvfp4Bf16Table). A packed row of odd length can
@@ -311,14 +314,14 @@ struct Quantize {
         const T* xs = x + e0;
         const int64_t n = count * kB;
         uint8_t* out = a.geo.fp4_packed ? codes : static_cast<uint8_t*>(a.data) + e0;
-        for (int64_t i = 0; i < n; ++i) out[i] = QuantizeFast<Fmt>(In::Bits(xs[i]), pe[i]);
+        for (int64_t i = 0; i < n; ++i) out[i] = QuantizeFast<Fmt>(In::Bits(xs[i]), pe[i], gf);
         if (a.geo.fp4_packed) StoreCodes(a.data, true, e0, codes, n);
         StoreScales(a.scale, Fmt::kFormat, u, stored, count);
         return;
       }
     }
     for (int64_t j = 0; j < count; ++j) {
-      const BlockScale s = simple[j] ? BlockScale{stored[j], false, k[j], m[j]} : Scale(amax[j], o);
+      const BlockScale s = simple[j] ? BlockScale{stored[j], false, k[j], m[j], gbits} : Scale(amax[j], o);
       StoreScale(a.scale, Fmt::kFormat, u + j, s.stored);
       Run<kB>(e0 + j * kB, kB, s);
     }
@@ -371,10 +374,11 @@ struct Quantize {
         }
         bool all_fast = true;
         const uint32_t up = a.scale_rounding == kRoundUp ? 1u : 0u, gbits = GlobalBits(g, a.global_scale, o);
+        const float gf = AsFloat(gbits);
         for (int64_t i = 0; i < w; ++i)  // SimpleBlockScale: see Blocks
           simple[i] = SimpleBlockScale<Fmt>(In::AbsToF32(uint32_t(amax[i])), up, gbits, &stored[i], &ks[i], &ms[i]);
         for (int64_t i = 0; i < w; ++i) {
-          scales[i] = simple[i] ? BlockScale{stored[i], false, ks[i], ms[i]} : Scale(In::AbsToF32(uint32_t(amax[i])), o);
+          scales[i] = simple[i] ? BlockScale{stored[i], false, ks[i], ms[i], gbits} : Scale(In::AbsToF32(uint32_t(amax[i])), o);
           StoreScale(a.scale, Fmt::kFormat, u * g.inner + i0 + i, scales[i].stored);
           param[i] = 1.0f;
           all_fast &= QuantFastScale<Fmt>(scales[i], &param[i]);
@@ -390,7 +394,7 @@ struct Quantize {
             for (int64_t i = 0; i < w; ++i) out[i] = QuantizeBf16Pow2<Fmt>(xs[i], kshift[i], slow);
           }
           if (slow)
-            for (int64_t i = 0; i < w; ++i) out[i] = QuantizeFast<Fmt>(In::Bits(xs[i]), param[i]);
+            for (int64_t i = 0; i < w; ++i) out[i] = QuantizeFast<Fmt>(In::Bits(xs[i]), param[i], gf);
           if (!all_fast) {
             float unused;
             for (int64_t i = 0; i < w; ++i)

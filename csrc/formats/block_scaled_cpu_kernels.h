@@ -16,8 +16,10 @@
 //    block_scaled_math.h element by element. tests/formats/test_formats.py covers both sides.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #include "csrc/formats/block_scaled_math.h"
 
@@ -199,7 +201,8 @@ inline bool NormalF32(uint32_t b) { return b >= 0x00800000u && b < kF32Inf; }
 // the scalar rules cost ~10x more than a block's elements for NVFP4's 16-blocks, and per-block
 // branches cost MX along K a third of its time (measured; docs/design.md "CPU speed").
 //  - MX: e = exponent(amax) - max_k + (round up and significand(amax) > max_m), at least -127;
-//  - NVFP4: the E4M3 scale RN-up(amax / (6 g)) (ceil on the E4M3 grid, saturating), times g;
+//  - NVFP4: the E4M3 scale of RN(RN(amax / g) / 6) (nearest even or ceil on the E4M3 grid,
+//    saturating); a zero scale (nearest, tiny blocks) is left to ComputeBlockScale;
 //  - FP8 blockwise / per-tensor: RN(amax / 448).
 template <class Fmt>
 inline uint32_t SimpleBlockScale(uint32_t amax, uint32_t round_up, uint32_t g, uint32_t* stored, int32_t* k,
@@ -213,22 +216,25 @@ inline uint32_t SimpleBlockScale(uint32_t amax, uint32_t round_up, uint32_t g, u
     *m = 0;
     return uint32_t(NormalF32(amax));
   } else if constexpr (Fmt::kFormat == kNvfp4) {
-    const uint32_t six_g = AsBits(6.0f * AsFloat(g));
-    const float q = AsFloat(amax) / AsFloat(six_g);
+    const float y = AsFloat(amax) / AsFloat(g);  // RN(amax / g): jax.nn divides by g first
+    const uint32_t yb = AsBits(y);
+    const float q = y / 6.0f;
     const uint32_t qb = AsBits(q);
     const bool normal_q = qb >= uint32_t(E4M3::kMinNormalBits);
-    int32_t code = int32_t((qb + 0xFFFFFu) >> 20) - E4M3::kRebias;  // ceil on the E4M3 grid
-    code = code < 0x7E ? code : 0x7E;
-    code = code > 0 ? code : 0;  // lanes whose q is not a normal E4M3 value are discarded
+    int32_t up = int32_t((qb + 0xFFFFFu) >> 20) - E4M3::kRebias;  // ceil on the E4M3 grid
+    up = up < 0x7E ? up : 0x7E;
+    up = up > 0 ? up : 0;  // lanes whose q is not a normal E4M3 value are discarded
     const float t = (normal_q ? 0.0f : q) * 512.0f;  // subnormal steps of 2^-9; exact, t in [0, 8)
     const int32_t ti = int32_t(t > 0.0f && t < 8.0f ? t : 0.0f);
     const int32_t sub = ti + (float(ti) != t && t < 8.0f ? 1 : 0);
-    code = normal_q ? code : sub;
-    const uint32_t eff = AsBits(AsFloat(uint32_t(MagnitudeToF32<E4M3>(code))) * AsFloat(g));
+    up = normal_q ? up : sub;
+    const int32_t nearest = RoundMagnitude<E4M3>(int32_t(qb), 0x7E);  // q normal: exact, subnormals too
+    const int32_t code = round_up ? up : nearest;
+    const uint32_t sbits = uint32_t(MagnitudeToF32<E4M3>(code));
     *stored = uint32_t(code);
-    *k = int32_t(eff >> 23) - 127;
-    *m = (eff & 0x7FFFFFu) | 0x800000u;
-    return uint32_t(NormalF32(amax) & !GlobalScaleInvalid(g) & NormalF32(six_g) & NormalF32(qb) & NormalF32(eff));
+    *k = int32_t(sbits >> 23) - 127;
+    *m = (sbits & 0x7FFFFFu) | 0x800000u;
+    return uint32_t(NormalF32(amax) & !GlobalScaleInvalid(g) & NormalF32(yb) & NormalF32(qb) & (code != 0));
   } else {
     const uint32_t q = AsBits(AsFloat(amax) / 448.0f);
     *stored = q;
@@ -240,22 +246,28 @@ inline uint32_t SimpleBlockScale(uint32_t amax, uint32_t round_up, uint32_t g, u
 
 template <class Fmt>
 inline BlockScale BlockScaleOf(uint32_t amax, int32_t rounding, uint32_t g) {
-  BlockScale s{0, false, 0, 0};
+  BlockScale s{0, false, 0, 0, g};
   if (SimpleBlockScale<Fmt>(amax, rounding == kRoundUp ? 1u : 0u, g, &s.stored, &s.k, &s.m)) return s;
   return ComputeBlockScale(Fmt::kFormat, rounding, amax, g);
 }
 
 // Smallest block-scale exponent for which the fast quantize path is exact: below it an fp32
-// subnormal input could scale to a non-zero code, which DAZ would lose.
+// subnormal input could scale to a non-zero code, which DAZ would lose. NVFP4 divides by g, then
+// by s_b: there the bound is on s_b * g (k + gk, both lower bounds of the exponents); a flushed
+// RN(x / g) or RN(x / g / s_b) lies below 2^-117, whose code is 0 anyway.
 template <class Fmt>
 constexpr int32_t kQuantMinScaleK = -125 - Fmt::E::kEmin + Fmt::E::kMbits;
 
-// The fast quantize path's per-block value: MX multiplies by 2^-k, the others divide by (k, m).
-// Returns false where the block must take the scalar rules.
-// Split in two so group loops can run them branch-free over many blocks: whether the scale's
-// exponent allows the fast path, and the value (defined for any k, used only where allowed).
+// The global scale's exponent (NVFP4's elements are divided by g first; 0 for other formats).
+inline int32_t GlobalK(uint32_t g) { return int32_t((g >> 23) & 0xFFu) - 127; }
+
+// The fast quantize path's per-block value: MX multiplies by 2^-k, FP8 divides by (k, m), NVFP4
+// divides by g, then by its block scale (k, m). Returns false where the block must take the
+// scalar rules. Split in two so group loops can run them branch-free over many blocks: whether the
+// scale's exponent allows the fast path, and the value (defined for any k, used only where allowed).
 template <class Fmt>
-inline uint32_t QuantFastK(int32_t k) {
+inline uint32_t QuantFastK(int32_t k, int32_t gk = 0) {
+  if constexpr (Fmt::kFormat == kNvfp4) return uint32_t(k + gk >= kQuantMinScaleK<Fmt>);
   return uint32_t(k >= kQuantMinScaleK<Fmt>) & uint32_t(k <= 126);
 }
 template <class Fmt>
@@ -264,17 +276,18 @@ inline float QuantFastParam(int32_t k, uint32_t m) {
 }
 template <class Fmt>
 inline bool QuantFastScale(const BlockScale& s, float* param) {
-  if (s.special || !QuantFastK<Fmt>(s.k)) return false;
+  if (s.special || !QuantFastK<Fmt>(s.k, GlobalK(s.g)) || s.m == 0) return false;  // m == 0: NVFP4's zero scale
   *param = QuantFastParam<Fmt>(s.k, s.m);
   return true;
 }
 
-// One element: fp32 bits (sign in bit 31) -> code, given the block's QuantFastScale value.
+// One element: fp32 bits (sign in bit 31) -> code, given the block's QuantFastScale value and,
+// for NVFP4, the global scale g (RN(RN(x / g) / s_b): jax.nn's order; ignored by other formats).
 template <class Fmt>
-inline uint8_t QuantizeFast(int32_t bits, float param) {
+inline uint8_t QuantizeFast(int32_t bits, float param, float g = 1.0f) {
   using E = typename Fmt::E;
   const float a = AsFloat(uint32_t(bits) & kF32AbsMask);
-  const float v = Fmt::kPow2 ? a * param : a / param;
+  const float v = Fmt::kPow2 ? a * param : (Fmt::kFormat == kNvfp4 ? (a / g) / param : a / param);
   const int32_t code = RoundMagnitude<E>(int32_t(AsBits(v)), int32_t(E::kF.max_code));
   return uint8_t(code | ((uint32_t(bits) >> 31) << E::kSignShift));
 }
@@ -291,7 +304,7 @@ inline uint8_t QuantizeFast(int32_t bits, float param) {
 // by QuantizeFast. Its rounding is RoundMagnitude's, line for line, on vectors. Not on AVX-512
 // CPUs (Bf16DivLoopPays).
 template <class Fmt>
-inline void QuantizeBf16Div(const uint16_t* x, int64_t n, float p, uint8_t* out);
+inline void QuantizeBf16Div(const uint16_t* x, int64_t n, float p, float g, uint8_t* out);
 
 // Whether QuantizeBf16Div runs instead of the QuantizeFast loop. Not where the AVX-512 clone
 // runs: there the compiler's own fp32 loop is 16 lanes wide and narrows with one instruction
@@ -307,7 +320,7 @@ inline bool Bf16DivLoopPays() {
 }
 
 template <class Fmt>
-inline void QuantizeBf16Div(const uint16_t* x, int64_t n, float p, uint8_t* out) {
+inline void QuantizeBf16Div(const uint16_t* x, int64_t n, float p, float g, uint8_t* out) {
   using E = typename Fmt::E;
   typedef uint16_t U16 __attribute__((vector_size(32)));
   typedef uint32_t U32 __attribute__((vector_size(32)));
@@ -315,7 +328,7 @@ inline void QuantizeBf16Div(const uint16_t* x, int64_t n, float p, uint8_t* out)
   typedef float F32 __attribute__((vector_size(32)));
   typedef uint8_t B32 __attribute__((vector_size(32)));
   constexpr int32_t drop = 23 - E::kMbits;
-  const F32 pv = F32{} + p, magic = F32{} + AsFloat(E::kMagicBits);
+  const F32 pv = F32{} + p, gv = F32{} + g, magic = F32{} + AsFloat(E::kMagicBits);
   const U16 zero = {};
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
@@ -327,7 +340,7 @@ inline void QuantizeBf16Div(const uint16_t* x, int64_t n, float p, uint8_t* out)
       U16 half[2] = {__builtin_shufflevector(zero, a, 0, 16, 1, 17, 2, 18, 3, 19, 8, 24, 9, 25, 10, 26, 11, 27),
                      __builtin_shufflevector(zero, a, 4, 20, 5, 21, 6, 22, 7, 23, 12, 28, 13, 29, 14, 30, 15, 31)};
       for (U16& w : half) {  // RoundMagnitude on |x| / p, 8 fp32 lanes
-        const U32 b = (U32)((F32)w / pv);
+        const U32 b = (U32)(Fmt::kFormat == kNvfp4 ? ((F32)w / gv) / pv : (F32)w / pv);
         const I32 normal = (I32)((b + ((1u << (drop - 1)) - 1u) + ((b >> drop) & 1u)) >> drop) - E::kRebias;
         const I32 sub = (I32)((F32)b + magic) - E::kMagicBits;
         I32 code = (I32)b >= E::kMinNormalBits ? normal : sub;
@@ -343,7 +356,7 @@ inline void QuantizeBf16Div(const uint16_t* x, int64_t n, float p, uint8_t* out)
                                               38, 40, 42, 44, 46, 48, 50, 52, 54, 56, 58, 60, 62);
     std::memcpy(out + i, &bytes, 32);
   }
-  for (; i < n; ++i) out[i] = QuantizeFast<Fmt>(int32_t(uint32_t(x[i]) << 16), p);
+  for (; i < n; ++i) out[i] = QuantizeFast<Fmt>(int32_t(uint32_t(x[i]) << 16), p, g);
 }
 
 // ------------------------------------------------------------------------ bf16 x power of two
@@ -388,35 +401,56 @@ inline uint8_t QuantizeBf16Pow2(uint16_t bits, int16_t kshift, uint16_t& slow) {
 }
 
 // ------------------------------------------------------------------------ bf16 x NVFP4
-// NVFP4 blocks of bf16 input, without a division per element. The E2M1 code of RN(a / p)
-// (a = |x|, p the block's divisor) is a non-decreasing function of a taking the values 0..7,
-// so it is the number of its 7 steps that a passes: code = #{i : a > U_i}, U_i the largest bf16
-// value whose code is below i. For a bf16 block that is 7 compares on 16-bit lanes (16
-// elements, one AVX2 register: NVFP4's whole block) instead of 16 divisions and the rounding.
+// NVFP4 blocks of bf16 input, without a division per element. The E2M1 code of
+// RN(RN(a / g) / s) (a = |x|, g the global scale, s the block's E4M3 scale) is a non-decreasing
+// function of a taking the values 0..7, so it is the number of its 7 steps that a passes:
+// code = #{i : a > U_i}, U_i the largest bf16 value whose code is at most i. For a bf16 block
+// that is 7 compares on 16-bit lanes (16 elements, one AVX2 register: NVFP4's whole block)
+// instead of 32 divisions and the rounding.
 //
 // The steps, from E2M1's round-to-nearest-even (ties go to the even code):
-//   code >= 1 iff RN(a/p) > 0.25,  >= 2 iff RN(a/p) >= 0.75,  >= 3 iff > 1.25,  >= 4 iff >= 1.75,
+//   code >= 1 iff RN(v) > 0.25,  >= 2 iff RN(v) >= 0.75,  >= 3 iff > 1.25,  >= 4 iff >= 1.75,
 //   >= 5 iff > 2.5,  >= 6 iff >= 3.5,  >= 7 iff > 5 (6 and above saturate at code 7).
 // For t one of those values (exact in fp32, not a power of two, last significand bit 0), fp32's
-// own RN turns them into bounds on a/p itself: RN(y) > t iff y > t + ulp(t)/2 (a tie goes to t,
-// the even one), RN(y) >= t iff y >= t - ulp(t)/2 (a tie goes to t). So step i is a > d_i or
-// a >= d_i with d_i = bound_i * p: 25 times 24 significant bits, exact in double. And d_i is
-// never a bf16 value (bound_i is an odd integer of 25 bits times a power of two, so d_i has at
-// least 25 significant bits), so both read a > U_i with U_i the largest bf16 below d_i.
-// No FTZ/DAZ concern: every d_i is a normal double. tests/formats/test_formats.py sweeps every bf16
-// value of a block at the smallest and largest divisors the path takes.
+// own RN turns them into bounds on v itself: RN(v) > t iff v > t + ulp(t)/2 (a tie goes to t,
+// the even one), RN(v) >= t iff v >= t - ulp(t)/2 (a tie goes to t). With v = xs / s and
+// xs = RN(a / g): step i is xs > D_i or xs >= D_i, D_i = bound_i * s (25 times 4 significant
+// bits, exact in double, never an fp32 value: bound_i is an odd 25-bit integer times a power of
+// two), so both read xs >= F_i, F_i the smallest fp32 above D_i. Then RN(a / g) >= F_i iff
+// a / g > M_i or (a / g == M_i and F_i is even), M_i the midpoint of F_i and the fp32 below it
+// (25 bits, odd last bit); a == M_i * g is impossible for a bf16 a (M_i * g has at least 25
+// significant bits; exact in double, 49 bits), so step i is a > M_i * g: a > U_i with U_i the
+// largest bf16 below M_i * g. No FTZ/DAZ concern: all in double and integer compares.
+// tests/formats/test_formats.py sweeps every bf16 value of a block at the smallest and largest
+// divisors the path takes, for both scale roundings.
 inline constexpr double kNvfp4Bounds[7] = {0.25 + 0x1p-26, 0.75 - 0x1p-25, 1.25 + 0x1p-24, 1.75 - 0x1p-24,
                                            2.5 + 0x1p-23,  3.5 - 0x1p-23,  5.0 + 0x1p-22};
 
-// The thresholds of every block divisor one global scale g allows, as a table by the block's
-// stored E4M3 scale code: a block's divisor is p = E4M3(code) * g (SimpleBlockScale), so the 126
-// codes give every p there is, and a block costs one row address instead of 7 double products
-// (those were a third of bf16 x NVFP4's time on AVX2; measured). Row c holds U_0..U_6 (bf16
-// bits, as int16) for p = QuantFastParam of that code's scale; it is used only for blocks that
-// QuantFastScale accepts (2^-124 <= p < 2^127). There d_i >= 2^-126, in the normal bf16 range,
-// where the largest bf16 below d is d's double bits shifted right by 45 and rebiased
-// (1023 -> 127); a d_i past the largest finite bf16 (only for p >= 2^125.7, which a block's
-// RN-up E4M3 scale times g does not reach) clamps to it.
+// The largest bf16 value below d > 0 (d never a bf16 value), as bits: bf16 subnormals are
+// multiples of 2^-133; normals are d's double bits truncated (1023 -> 127 rebias); past the
+// largest finite bf16, that one.
+inline int16_t Bf16Below(double d) {
+  if (d >= 0x1.FEp127) return 0x7F7F;
+  if (d < 0x1p-126) return int16_t(d * 0x1p133);  // exact scaling, then floor
+  uint64_t b;
+  std::memcpy(&b, &d, 8);
+  return int16_t((b - (uint64_t(1023 - 127) << 52)) >> 45);
+}
+
+// M_i * g above: the threshold on |x| of step i for the block scale s and the global scale g.
+inline double Nvfp4StepOnX(int i, double s, double g) {
+  const double d = kNvfp4Bounds[i] * s;  // in [2^-11, 2240]: a normal fp32 range, no FTZ concern
+  float f = float(d);  // RN; d is never an fp32 value, so f != d
+  if (double(f) < d) f = std::nextafter(f, std::numeric_limits<float>::infinity());
+  const float below = std::nextafter(f, 0.0f);
+  return (double(below) + double(f)) / 2 * g;
+}
+
+// The thresholds of every block scale one global scale g allows, as a table by the block's stored
+// E4M3 scale code: a block costs one row address instead of 7 threshold computations (those
+// were a third of bf16 x NVFP4's time on AVX2; measured). Row c holds U_0..U_6 (bf16 bits, as
+// int16) for s = E4M3(c); it is used only for blocks that QuantFastScale accepts (s != 0 and
+// s * g >= 2^-124). Rows 0 and 127 (zero and NaN scales) are never read.
 struct Nvfp4Bf16Table {
   uint32_t g = 0;
   bool built = false;
@@ -425,20 +459,12 @@ struct Nvfp4Bf16Table {
   void Build(uint32_t gbits) {
     g = gbits;
     built = true;
-    float p[128];
+    const double gd = double(AsFloat(gbits));
     for (int c = 0; c < 128; ++c) {
-      const uint32_t eff = AsBits(AsFloat(uint32_t(MagnitudeToF32<E4M3>(c))) * AsFloat(gbits));
-      p[c] = QuantFastParam<Nvfp4>(int32_t(eff >> 23) - 127, (eff & 0x7FFFFFu) | 0x800000u);
+      const double s = double(AsFloat(uint32_t(MagnitudeToF32<E4M3>(c))));
+      for (int i = 0; i < 7; ++i) u[c][i] = c == 0 || c > 0x7E ? int16_t(0) : Bf16Below(Nvfp4StepOnX(i, s, gd));
+      u[c][7] = 0;  // padding: rows of 16 bytes
     }
-    for (int i = 0; i < 7; ++i)
-      for (int c = 0; c < 128; ++c) {
-        const double d = kNvfp4Bounds[i] * double(p[c]);
-        uint64_t b;
-        std::memcpy(&b, &d, 8);
-        const int64_t t = int64_t((b - (uint64_t(1023 - 127) << 52)) >> 45);
-        u[c][i] = int16_t(t < 0x7F7F ? t : 0x7F7F);
-      }
-    for (int c = 0; c < 128; ++c) u[c][7] = 0;  // padding: rows of 16 bytes
   }
 };
 

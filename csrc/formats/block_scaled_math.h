@@ -1,6 +1,6 @@
 // The block-scaled format rules (docs/formats.md) on integer bit patterns, shared by the CPU
 // handler (g++) and the CUDA kernels (nvcc): one definition, so the two cannot drift apart.
-// It mirrors jax_gpuext/_formats_reference.py function for function.
+// It mirrors jax_gpuext/formats/reference.py function for function.
 //
 // Why integers: XLA's CPU runtime runs with FTZ/DAZ, so float max/multiply/divide lose
 // subnormals. The only float operations here divide or multiply two significands in [1, 2):
@@ -28,7 +28,9 @@ enum Format : int32_t {
   kMxfp4 = 6,  // OCP MX v1.0 MXFP4: E2M1 elements, E8M0 scale per 32, packed like NVFP4
 };
 constexpr int32_t kLastFormat = kMxfp4;
-enum ScaleRounding : int32_t { kRoundUp = 0, kRoundOcp = 1 };
+// Scale rounding (the `scale_rounding` attribute): kRoundUp for every format; kRoundOcp (OCP MX
+// v1.0's floor) for MX formats; kRoundNearest (round to nearest even, jax.nn's and TE's) for NVFP4.
+enum ScaleRounding : int32_t { kRoundUp = 0, kRoundOcp = 1, kRoundNearest = 2 };
 enum class FloatType { kF32, kBF16, kF16 };
 
 constexpr uint32_t kF32AbsMask = 0x7FFFFFFFu, kF32Inf = 0x7F800000u, kF32NaN = 0x7FC00000u, kF32One = 0x3F800000u;
@@ -198,8 +200,9 @@ GPUEXT_HD bool GlobalScaleInvalid(uint32_t g) {
 struct BlockScale {
   uint32_t stored;  // the scale as stored: E8M0 / E4M3 code or fp32 bits
   bool special;     // NaN/Inf in the block (or a bad global scale): elements are 0, scale NaN
-  int32_t k;        // MX: the power-of-two exponent; others: the effective divisor (k, m)
-  uint32_t m;
+  int32_t k;        // MX: the power-of-two exponent; FP8: the fp32 divisor (k, m); NVFP4: the
+  uint32_t m;       //   E4M3 block scale's value (m == 0: the scale is 0)
+  uint32_t g = kF32One;  // NVFP4: the global scale's fp32 bits (elements are divided by it first)
 };
 
 GPUEXT_HD BlockScale ComputeBlockScale(int32_t format, int32_t rounding, uint32_t amax, uint32_t g) {
@@ -215,19 +218,24 @@ GPUEXT_HD BlockScale ComputeBlockScale(int32_t format, int32_t rounding, uint32_
     return s;
   }
   if (format == kNvfp4) {
+    // jax.nn's order (docs/formats.md): y = RN(amax / g), then y / 6 rounded once to E4M3
+    // (RN(y / 6) first changes no E4M3 bit: y has 24 bits, so RN(y / 6) hits an E4M3 midpoint or
+    // grid value v only when y == 6 v). "up": ceil, an all-zero block 1.0; "nearest": ties to
+    // even, 0 for an all-zero or tiny block. Both saturate at 448.
     s.special = s.special || GlobalScaleInvalid(g);
     const Unpacked gu = Decode(g, F32Format());
-    uint32_t code = kE4M3One;
+    const bool up = rounding != kRoundNearest;
+    uint32_t code = up ? kE4M3One : 0u;
     if (amax != 0) {
-      const Unpacked six_g = Multiply(gu.k, gu.m, r.max_k, r.max_m);
-      const Unpacked q = Divide(a.k, a.m, six_g.k, six_g.m);
-      code = RoundTo(0, q.k, q.m, E4M3Format(), /*round_up=*/true, /*saturate=*/true);
+      const Unpacked y = Divide(a.k, a.m, gu.k, gu.m);
+      const Unpacked q = Divide(y.k, y.m, r.max_k, r.max_m);
+      code = RoundTo(0, q.k, q.m, E4M3Format(), up, /*saturate=*/true);
     }
     s.stored = s.special ? E4M3Format().nan_code : code;
     const Unpacked sb = Decode(code, E4M3Format());
-    const Unpacked eff = Multiply(sb.k, sb.m, gu.k, gu.m);
-    s.k = eff.k;
-    s.m = eff.m;
+    s.k = sb.k;
+    s.m = sb.m;
+    s.g = g;
     return s;
   }
   // FP8 blockwise and per-tensor: RN(amax / 448), at least 2^-126; 1 for an all-zero block
@@ -251,6 +259,13 @@ GPUEXT_HD uint32_t QuantizeElement(int32_t format, const BlockScale& s, uint32_t
   const Unpacked u = Decode(x, F32Format());
   if (IsMx(format)) return RoundTo(u.sign, u.k - s.k, u.m, r.elem, false, true);
   if (u.m == 0) return uint32_t(u.sign) << r.elem.sign_shift();
+  if (format == kNvfp4) {  // RN(RN(x / g) / s_b); x / 0 saturates to +-6 (jax.nn's and TE's bits)
+    if (s.m == 0) return (uint32_t(u.sign) << r.elem.sign_shift()) | r.elem.max_code;
+    const Unpacked gu = Decode(s.g, F32Format());
+    const Unpacked xs = Divide(u.k, u.m, gu.k, gu.m);
+    const Unpacked q = Divide(xs.k, xs.m, s.k, s.m);
+    return RoundTo(u.sign, q.k, q.m, r.elem, false, true);
+  }
   const Unpacked q = Divide(u.k, u.m, s.k, s.m);
   return RoundTo(u.sign, q.k, q.m, r.elem, false, true);
 }

@@ -113,7 +113,8 @@ inline ffi::ErrorOr<QuantizeArgs> DecodeQuantize(ffi::AnyBuffer x, ffi::AnyBuffe
   GPUEXT_FFI_ASSIGN_OR_FORWARD(a.in_type, FloatTypeOf(x.element_type(), "x"));
   GPUEXT_FFI_ASSIGN_OR_FORWARD(
       a.geo, GeometryOf(format, axis, x.dimensions(), "x", data, scale, global_scale, fp4_packed));
-  if (!(scale_rounding == kRoundUp || (scale_rounding == kRoundOcp && IsMx(format))))
+  if (!(scale_rounding == kRoundUp || (scale_rounding == kRoundOcp && IsMx(format)) ||
+        (scale_rounding == kRoundNearest && format == kNvfp4)))
     return ffi::Unexpected<ffi::Error>(ffi::Error(
         ffi::ErrorCode::kInvalidArgument, "scale_rounding " + std::to_string(scale_rounding) +
                                               " is not valid for format " + std::to_string(format)));

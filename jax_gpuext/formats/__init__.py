@@ -36,6 +36,7 @@ from jax_gpuext.formats.quantize import (
     _format_from_fields,  # pickles of formats made before the move name jax_gpuext.formats._format_from_fields
     as_array,
     demo_steps,
+    default_scale_rounding,
     dequantize,
     float_dtype,
     from_blackwell_scale_layout,

@@ -32,7 +32,7 @@ DEQUANTIZE_OP = "dequantize"
 QUANTIZE_TARGET = _ext.declare_target("gpuext_quantize", "quantize")
 DEQUANTIZE_TARGET = _ext.declare_target("gpuext_dequantize", "dequantize")
 INPUT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-SCALE_ROUNDINGS = ("up", "ocp")
+SCALE_ROUNDINGS = ("up", "nearest", "ocp")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +107,7 @@ def _format_from_fields(*fields) -> BlockFormat:
 # their element dtype, a value, so that an equal copy of a format is the same format.
 _REF_ELEMENTS = {jnp.dtype(jnp.float8_e4m3fn): "e4m3", jnp.dtype(jnp.float8_e5m2): "e5m2",
                  jnp.dtype(jnp.float4_e2m1fn): "e2m1"}
-_ROUNDING_CODES = {"up": 0, "ocp": 1}
+_ROUNDING_CODES = {"up": 0, "ocp": 1, "nearest": 2}  # csrc ScaleRounding
 
 
 class _Fp4Packed(collections.abc.MutableMapping):
@@ -375,14 +375,44 @@ backends.register(DEQUANTIZE_OP, backends.Backend(
 
 
 # --------------------------------------------------------------------------- quantize
-def quantize(x, fmt, *, axis: int = -1, scale_rounding: str = "up", global_scale=None,
+def default_scale_rounding(fmt: BlockFormat) -> str:
+    """The scale rounding ``quantize`` uses for ``fmt`` when none is given: what jax.nn,
+    TransformerEngine and cuDNN do for that format. MX (E8M0 scales): "up", the scale rounded up
+    to a power of two so no element saturates (jax.nn's ``cast_to_e8m0_with_rounding_up``, TE's
+    and cuDNN's MXFP8 quantizers). NVFP4 (E4M3 scales): "nearest", the scale rounded to nearest
+    even (jax.nn's float8_e4m3fn cast, TE's saturating ``cvt.rn``, ModelOpt). FP8 blockwise and
+    per-tensor: "up", which for their unrounded fp32 scales means amax / 448 (DeepSeek-V3)."""
+    return "nearest" if _check_format(fmt).has_global_scale else "up"
+
+
+def _check_scale_rounding(scale_rounding, fmt: BlockFormat) -> str:
+    if scale_rounding is None:
+        return default_scale_rounding(fmt)
+    if not isinstance(scale_rounding, str) or scale_rounding not in SCALE_ROUNDINGS:
+        raise ValueError(f"scale_rounding must be None (the format's default) or one of {SCALE_ROUNDINGS}, "
+                         f"got {scale_rounding!r}")
+    if scale_rounding == "ocp" and not fmt.is_mx:
+        raise ValueError(f"scale_rounding='ocp' (OCP MX v1.0 floor rule) applies to power-of-two E8M0 scales "
+                         f"only; {fmt.name} scales are {fmt.scale_dtype.name}")
+    if scale_rounding == "nearest" and not fmt.has_global_scale:
+        raise ValueError(f"scale_rounding='nearest' (an E4M3 block scale rounded to nearest even) applies to "
+                         f"NVFP4 only; {fmt.name} takes {default_scale_rounding(fmt)!r}"
+                         + (" or 'ocp'" if fmt.is_mx else ""))
+    return scale_rounding
+
+
+def quantize(x, fmt, *, axis: int = -1, scale_rounding: str | None = None, global_scale=None,
              backend: str = "auto") -> BlockScaledArray:
     """Quantizes ``x`` (float32 / bfloat16 / float16) to block format ``fmt``.
 
     ``axis``: the axis blocks run along (1-D formats; FP8_128x128 always blocks the last two;
     FP8_TENSOR has one scale and keeps ``axis`` only as block_scaled_dot's default contraction).
-    ``scale_rounding``: "up" rounds the scale up so nothing saturates (jax.nn, cuDNN, TE);
-    "ocp" is OCP MX v1.0's floor rule (elements saturate), MX formats only.
+    ``scale_rounding``: None (default) takes the format's own (:func:`default_scale_rounding`):
+    "up" for MX and FP8, "nearest" for NVFP4 -- bit for bit what jax.nn's quantizer stores.
+    "up" rounds the block scale up so no element saturates (jax.nn, cuDNN and TE for MX scales;
+    for NVFP4 an option). "nearest" rounds NVFP4's E4M3 block scale to nearest even (jax.nn, TE,
+    ModelOpt; NVFP4 only). "ocp" is OCP MX v1.0's floor rule (elements saturate), MX only.
+    docs/formats.md states each rule exactly.
     ``global_scale``: NVFP4's fp32 dequantisation scale; default amax / (6 * 448).
     """
     fmt = _check_format(fmt)
@@ -390,11 +420,7 @@ def quantize(x, fmt, *, axis: int = -1, scale_rounding: str = "up", global_scale
     if x.dtype not in INPUT_DTYPES:
         raise TypeError(f"quantize: x must be float32, bfloat16 or float16, got {x.dtype} (shape {x.shape})")
     ax = _normalize_axis(axis, x.ndim, fmt, x.shape)
-    if scale_rounding not in SCALE_ROUNDINGS:
-        raise ValueError(f"scale_rounding must be one of {SCALE_ROUNDINGS}, got {scale_rounding!r}")
-    if scale_rounding == "ocp" and not fmt.is_mx:
-        raise ValueError(f"scale_rounding='ocp' (OCP MX v1.0 floor rule) applies to power-of-two E8M0 scales "
-                         f"only; {fmt.name} scales are {fmt.scale_dtype.name} and are always rounded up")
+    scale_rounding = _check_scale_rounding(scale_rounding, fmt)
     g = _check_global_scale(global_scale, fmt)
     sel = backends.select(QUANTIZE_OP, backend, problem=(fmt, x.shape, x.dtype))
     _note_fp4_layout(sel, fmt)
@@ -464,7 +490,7 @@ def _quantize_blocks(bits, amax, fmt: BlockFormat, rounding: str, g_bits):
     if fmt.is_mx:
         return ref.mx_quantize_blocks(bits, amax, _REF_ELEMENTS[fmt.elem_dtype], rounding)
     if fmt.has_global_scale:
-        return ref.nvfp4_quantize_blocks(bits, amax, g_bits)
+        return ref.nvfp4_quantize_blocks(bits, amax, g_bits, rounding)
     return ref.fp8_blockwise_quantize_blocks(bits, amax)
 
 

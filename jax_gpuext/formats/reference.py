@@ -301,22 +301,29 @@ def _global_scale_invalid(g_bits):
     return ((g_bits >> 31) == 1) | (exp == 0) | (exp == 0xFF)
 
 
-def nvfp4_quantize_blocks(bits, amax, g_bits):
-    """E2M1 elements; E4M3 block scale = ceil_e4m3(RN(amax / RN(6 g))); elements x / RN(s g)."""
+def nvfp4_quantize_blocks(bits, amax, g_bits, rounding: str):
+    """E2M1 elements with an E4M3 block scale, in jax.nn's order (docs/formats.md "NVFP4"):
+    y = RN(amax / g); scale = E4M3 of y / 6 ("nearest": ties to even, 0 for an all-zero or tiny
+    block; "up": ceil, 1.0 for an all-zero block), saturating at 448; elements
+    RN_E2M1(RN(RN(x / g) / scale)), +-6 where the scale is 0 (x / 0 saturates) and +-0 for zeros."""
     f, fm, em = ELEMENTS["e2m1"]
     special = (amax >= F32_INF_BITS) | _global_scale_invalid(g_bits)
     _, kg, mg = decode(g_bits, F32)
-    k6, m6 = multiply(kg, mg, em, fm)
     _, ka, ma = decode(amax, F32)
-    kr, mr = divide(ka, ma, k6, m6)
-    scale = round_to(jnp.zeros_like(kr), kr, _where_m(ma == 0, mr), E4M3, mode="up", saturate=True)
-    scale = jnp.where(amax == 0, U32(0x38), scale)  # 1.0 for an all-zero block
+    ky, my = divide(ka, ma, kg, mg)
+    kq, mq = divide(ky, my, em, fm)  # RN(y / 6): rounding it first changes no E4M3 bit (docs)
+    mode = "up" if rounding == "up" else "nearest"
+    scale = round_to(jnp.zeros_like(kq), kq, _where_m(ma == 0, mq), E4M3, mode=mode, saturate=True)
+    if mode == "up":
+        scale = jnp.where(amax == 0, U32(0x38), scale)  # 1.0 for an all-zero block
     scale = jnp.where(special, U32(E4M3.nan_code), scale)
     _, ks, ms = decode(scale, E4M3)
-    ke, me = multiply(ks, ms, kg, mg)
     sign, k, m = decode(bits, F32)
-    kq, mq = divide(k, m, ke, me)
+    kx, mx = divide(k, m, kg, mg)
+    kq, mq = divide(kx, mx, ks, ms)
     code = round_to(sign, kq, _where_m(m == 0, mq), f, saturate=True)
+    saturated = (sign.astype(U32) << f.sign_shift) | U32(f.max_code)
+    code = jnp.where((ms == 0) & (m != 0), saturated, code)  # scale 0: x / 0 saturates
     return jnp.where(special, U32(0), code), scale
 
 

@@ -94,7 +94,7 @@ def test_quantize_refuses_an_unpacked_fp4_attribute():
         # the same call with the attribute XLA's layout needs is exact against the reference
         data, scale = call(fmt, x)
         g = jnp.float32(1) if fmt.has_global_scale else None  # the call above passes 1.0
-        ref = formats.quantize(x, fmt, global_scale=g, backend="reference")
+        ref = formats.quantize(x, fmt, global_scale=g, scale_rounding="up", backend="reference")  # attribute 0
         np.testing.assert_array_equal(np.asarray(data).view(np.uint8), np.asarray(ref.data).view(np.uint8))
         np.testing.assert_array_equal(np.asarray(scale).view(np.uint8), np.asarray(ref.scale).view(np.uint8))
     print("OK")
@@ -111,6 +111,8 @@ def test_quantize_refuses_bad_attributes():
     refused("axis -3 must be negative", formats.MXFP8_E4M3, x, axis=np.int64(-3))
     refused("scale_rounding 7", formats.MXFP8_E4M3, x, scale_rounding=np.int32(7))
     refused("scale_rounding 1", formats.NVFP4, x, scale_rounding=np.int32(1))
+    refused("scale_rounding 2", formats.MXFP8_E4M3, x, scale_rounding=np.int32(2))  # nearest: NVFP4 only
+    refused("scale_rounding 2", formats.FP8_1x128, x, scale_rounding=np.int32(2))
     # an attribute naming another format than the buffers: its dtype / block count is refused
     refused("element buffer has dtype float8_e4m3fn, expected float4_e2m1fn", formats.MXFP8_E4M3, x,
             format=np.int32(formats.NVFP4.code))

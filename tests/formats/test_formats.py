@@ -22,6 +22,15 @@ from jax_gpuext import formats
 from jax_gpuext.common import ffi as _ffi
 FORMATS = [f for f in formats.FORMATS.values() if not f.per_tensor]
 IDS = [f.name for f in FORMATS]
+# Every block format with its default scale rounding (None), and NVFP4 with its other one ("up").
+FORMAT_ROUNDINGS = [(f, None) for f in FORMATS] + [(gx.NVFP4, "up")]
+FR_IDS = [f.name if r is None else f"{f.name}-{r}" for f, r in FORMAT_ROUNDINGS]
+
+
+def rounding_of(fmt, rounding):
+    """The rounding the model applies: None means the format's default (docs/formats.md "The
+    rules"), stated here independently of jax_gpuext's own default_scale_rounding."""
+    return rounding if rounding is not None else ("nearest" if fmt is gx.NVFP4 else "up")
 DTYPES = [np.float32, ml_dtypes.bfloat16, np.float16]
 BACKENDS = ["reference", "xla", "cpu"]  # every backend that runs on CPU
 MX_ELEM = {"MXFP8_E4M3": npref.E4M3, "MXFP8_E5M2": npref.E5M2, "MXFP4": npref.E2M1}
@@ -69,8 +78,9 @@ def scale_bits(scale, fmt):
 
 
 # --------------------------------------------------------------------------- numpy expectation
-def expected_quantize(x, fmt, axis=-1, rounding="up", g=None):
+def expected_quantize(x, fmt, axis=-1, rounding=None, g=None):
     """-> (element values float64 [x.shape], scale per block, g) following docs/formats.md."""
+    rounding = rounding_of(fmt, rounding)
     if fmt is gx.FP8_128x128:
         xb, mn = npref.blocks_2d(x)
         data, scale = npref.fp8_blockwise(xb, (-3, -1))
@@ -80,7 +90,7 @@ def expected_quantize(x, fmt, axis=-1, rounding="up", g=None):
         data, scale = npref.mx(xb, MX_ELEM[fmt.name], rounding)
     elif fmt is gx.NVFP4:
         g = npref.nvfp4_global_scale(x) if g is None else np.float32(g)
-        data, scale = npref.nvfp4(xb, g)
+        data, scale = npref.nvfp4(xb, g, rounding)
     else:
         data, scale = npref.fp8_blockwise(xb, -1)
     data = np.broadcast_to(data, xb.shape)
@@ -101,7 +111,7 @@ def block_shape(fmt):
 
 
 @functools.cache
-def quantizer(fmt, backend, axis=-1, rounding="up"):
+def quantizer(fmt, backend, axis=-1, rounding=None):
     return jax.jit(lambda x: gx.quantize(x, fmt, axis=axis, scale_rounding=rounding, backend=backend))
 
 
@@ -126,12 +136,12 @@ def big_inputs():
     return {f.name: random_blocks(i, NBLOCKS, block_shape(f), np.float32) for i, f in enumerate(FORMATS)}
 
 
-@pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
+@pytest.mark.parametrize("fmt,rounding", FORMAT_ROUNDINGS, ids=FR_IDS)
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_quantize_bit_exact_10k_blocks(fmt, backend, big_inputs):
+def test_quantize_bit_exact_10k_blocks(fmt, rounding, backend, big_inputs):
     x = big_inputs[fmt.name]
-    q = quantizer(fmt, backend)(x)
-    values, scale, g = expected_quantize(x, fmt)
+    q = quantizer(fmt, backend, rounding=rounding)(x)
+    values, scale, g = expected_quantize(x, fmt, rounding=rounding)
     assert_bits_equal(q.data, elem_bits(values, fmt), f"{fmt.name} data")
     assert_bits_equal(q.scale, scale_bits(scale, fmt), f"{fmt.name} scale")
     if g is not None:
@@ -141,13 +151,13 @@ def test_quantize_bit_exact_10k_blocks(fmt, backend, big_inputs):
     assert_bits_equal(y, as_bits(expected), f"{fmt.name} dequantized")
 
 
-@pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
+@pytest.mark.parametrize("fmt,rounding", FORMAT_ROUNDINGS, ids=FR_IDS)
 @pytest.mark.parametrize("dtype", DTYPES[1:], ids=["bfloat16", "float16"])
-def test_half_inputs_and_outputs_bit_exact(fmt, dtype):
+def test_half_inputs_and_outputs_bit_exact(fmt, rounding, dtype):
     x = random_blocks(7, 400, block_shape(fmt), dtype)
-    values, scale, g = expected_quantize(x, fmt)
+    values, scale, g = expected_quantize(x, fmt, rounding=rounding)
     for backend in BACKENDS:
-        q = quantizer(fmt, backend)(x)
+        q = quantizer(fmt, backend, rounding=rounding)(x)
         assert_bits_equal(q.data, elem_bits(values, fmt), f"{fmt.name} {backend} data")
         assert_bits_equal(q.scale, scale_bits(scale, fmt), f"{fmt.name} {backend} scale")
         y = dequantizer(backend, dtype)(q)
@@ -164,15 +174,16 @@ def every_bf16_up_to(top):
 
 
 SWEPT = ["cpu", "xla"]  # the backends with paths of their own for bf16 / division (the reference has none)
+SWEPT_FORMATS = [(gx.MXFP8_E4M3, None), (gx.MXFP8_E5M2, None), (gx.MXFP4, None), (gx.NVFP4, None),
+                 (gx.NVFP4, "up"), (gx.FP8_1x128, None)]
 
 
 @pytest.mark.parametrize("backend", SWEPT)
-@pytest.mark.parametrize("fmt", [gx.MXFP8_E4M3, gx.MXFP8_E5M2, gx.MXFP4, gx.NVFP4, gx.FP8_1x128],
-                         ids=["MXFP8_E4M3", "MXFP8_E5M2", "MXFP4", "NVFP4", "FP8_1x128"])
+@pytest.mark.parametrize("fmt,rounding", SWEPT_FORMATS, ids=[f.name + ("-up" if r else "") for f, r in SWEPT_FORMATS])
 @pytest.mark.parametrize("top", [1.0, 3.0 * 2.0 ** -100, 1.5 * 2.0 ** 100, 448.0], ids=["1", "3e-100", "1.5e100", "448"])
-def test_every_bf16_value_in_a_block_bit_exact(fmt, top, backend):
+def test_every_bf16_value_in_a_block_bit_exact(fmt, rounding, top, backend):
     """The CPU handler's bf16 paths (16-bit lanes for MX, batched block scales for all) and the
-    xla backend's (extended bits, division by remainder, NVFP4 thresholds) against the float64
+    xla backend's (extended bits, division by remainder, NVFP4's two divisions) against the float64
     model on every bf16 value up to a block's amax: every tie, every subnormal code.
     Each block holds `top` once (fixing its scale) and block-1 swept values; along the last axis
     (whole blocks) and along rows (the strided path). FP8_1x128 divides by top / 448, exact only
@@ -182,8 +193,8 @@ def test_every_bf16_value_in_a_block_bit_exact(fmt, top, backend):
     v = np.concatenate([v, np.zeros((-len(v)) % (b - 1), np.float32)]).reshape(-1, b - 1)
     x = np.concatenate([v, np.full((len(v), 1), top, np.float32)], axis=1).astype(ml_dtypes.bfloat16)
     for axis, arr in ((-1, x), (0, np.ascontiguousarray(x.T))):
-        values, scale, g = expected_quantize(arr, fmt, axis=axis)
-        q = quantizer(fmt, backend, axis=axis)(arr)
+        values, scale, g = expected_quantize(arr, fmt, axis=axis, rounding=rounding)
+        q = quantizer(fmt, backend, axis=axis, rounding=rounding)(arr)
         assert_bits_equal(q.data, elem_bits(values, fmt), f"{fmt.name} axis={axis} data")
         assert_bits_equal(q.scale, scale_bits(scale, fmt), f"{fmt.name} axis={axis} scale")
 
@@ -211,25 +222,72 @@ def test_every_bf16_value_fp8_tiles_and_per_tensor(cols, top, backend):
 
 
 @pytest.mark.parametrize("backend", SWEPT)
-@pytest.mark.parametrize("log2_g", [-126, -125, -124, -123, -110, 100, 119, 120, 122])
-def test_nvfp4_bf16_every_value_at_extreme_divisors(log2_g, backend):
+@pytest.mark.parametrize("rounding", ["nearest", "up"])
+@pytest.mark.parametrize("g", [2.0**-126, 2.0**-125, 2.0**-124, 2.0**-123, 2.0**-110, 2.0**100, 2.0**119, 2.0**120,
+                               2.0**122, 0.37, 3.1e-30 / 7, 1 / 2688], ids=lambda g: f"{g:.3g}")
+def test_nvfp4_bf16_every_value_at_extreme_divisors(g, rounding, backend):
     """bf16 x NVFP4 rounds by comparing |x| with 7 per-block thresholds computed in double
-    (Nvfp4Bf16Table, by the block's E4M3 scale code). Given global scales put the block divisor (E4M3 scale x g) at the
-    smallest the path accepts (2^-124), below it (the division loop) and near the largest a block
-    can reach (~2^125.6, bf16's largest amax); every bf16 value up to the block's amax."""
-    g = np.float32(2.0**log2_g)
+    (Nvfp4Bf16Table, by the block's E4M3 scale code and the global scale). Given global scales put
+    the block divisor (E4M3 scale x g) at the smallest the path accepts (2^-124), below it (the
+    division loop) and near the largest a block can reach (~2^125.6, bf16's largest amax), and two
+    that are not powers of two, among them RN(1 / 2688), a tensor's with amax 1: with the block scale
+    1.5 there, RN(x / g) lands exactly on E2M1 ties x 1.5 where x / (1.5 g) does not, so the order
+    of the two divisions decides 4 elements (checked: dividing by RN(s_b g) instead fails);
+    every bf16 value up to the block's amax."""
+    g = np.float32(g)
     # A block amax of up to ~450 x 6g (the E4M3 scale near its top), capped at bf16's largest.
-    tops = [float(np.float32(min(f * 6 * float(g), 3.3e38))) for f in (0.01, 1.0, 300.0)]
-    q_of = jax.jit(lambda v: gx.quantize(v, gx.NVFP4, global_scale=g, backend=backend))
+    tops = [float(np.float32(min(f * 6 * float(g), 3.3e38))) for f in (0.01, 1.0, 1.5, 300.0)]
+    q_of = jax.jit(lambda v: gx.quantize(v, gx.NVFP4, global_scale=g, scale_rounding=rounding, backend=backend))
     for top in tops:
         top = float(np.float32(ml_dtypes.bfloat16(top)))
         v = every_bf16_up_to(top)
         v = np.concatenate([v, np.zeros((-len(v)) % 15, np.float32)]).reshape(-1, 15)
         x = np.concatenate([v, np.full((len(v), 1), top, np.float32)], axis=1).astype(ml_dtypes.bfloat16)
-        values, scale, _ = expected_quantize(x, gx.NVFP4, g=g)
+        values, scale, _ = expected_quantize(x, gx.NVFP4, g=g, rounding=rounding)
         q = q_of(x)
-        assert_bits_equal(q.data, elem_bits(values, gx.NVFP4), f"g=2^{log2_g} top={top} data")
-        assert_bits_equal(q.scale, scale_bits(scale, gx.NVFP4), f"g=2^{log2_g} top={top} scale")
+        assert_bits_equal(q.data, elem_bits(values, gx.NVFP4), f"g={g} top={top} data")
+        assert_bits_equal(q.scale, scale_bits(scale, gx.NVFP4), f"g={g} top={top} scale")
+
+
+@functools.cache
+def nvfp4_quantizer(backend, rounding):
+    """NVFP4 with the global scale as an argument (one compilation for every g)."""
+    return jax.jit(lambda x, g: gx.quantize(x, gx.NVFP4, global_scale=g, scale_rounding=rounding, backend=backend))
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "up"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16", "float16"])
+def test_nvfp4_bit_exact_around_the_global_scale(rounding, dtype):
+    """One global scale serves blocks within 2^18 of 6 g; random_blocks spans the whole dtype, so
+    most of its NVFP4 blocks sit at the extremes. Here every block's amax lies between 2^-14 and
+    2^10 times 6 g, for g a power of two, a value that is not (0.37: the order of the divisions
+    by g and by the block scale matters) and g near both ends of fp32: zero scales (nearest: x / 0
+    saturates), E4M3 subnormal, normal and saturated scales, elements on every E2M1 tie."""
+    rng = np.random.default_rng(31)
+    n = 2000
+    extremes = () if dtype is np.float16 else (2.0**-120 * 1.3, 2.0**100 * 1.7)  # beyond float16's range
+    for g in (1.0, 0.37) + extremes:
+        g = np.float32(g)
+        amax = 6 * float(g) * np.ldexp(1.0, rng.integers(-14, 11, (n, 1))) * rng.uniform(1, 2, (n, 1))
+        x = rng.uniform(-1, 1, (n, 16)) * amax
+        x[:, 0] = amax[:, 0]
+        x = np.clip(x, -float(ml_dtypes.finfo(dtype).max), float(ml_dtypes.finfo(dtype).max)).astype(dtype)
+        # A quarter of the blocks: E2M1 midpoints t times the block's scale s times g, rounded to
+        # dtype, so that RN(x / g) often lands exactly on t * s while x / (s g) does not.
+        _, s_block, _ = expected_quantize(x[:, :1], gx.NVFP4, g=g, rounding=rounding)
+        ties = rng.choice([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], (n // 4, 15)) * rng.choice([-1, 1], (n // 4, 15))
+        x[: n // 4, 1:] = (ties * s_block[: n // 4] * float(g)).astype(dtype)
+        x[5] = 0  # an all-zero block
+        values, scale, _ = expected_quantize(x, gx.NVFP4, g=g, rounding=rounding)
+        assert (scale == 0).any() == (rounding == "nearest") and (scale == 448).any()
+        for backend in BACKENDS:
+            q = nvfp4_quantizer(backend, rounding)(x, g)
+            what = f"NVFP4 {rounding} g={g} {np.dtype(dtype).name} {backend}"
+            assert_bits_equal(q.data, elem_bits(values, gx.NVFP4), f"{what} data")
+            assert_bits_equal(q.scale, scale_bits(scale, gx.NVFP4), f"{what} scale")
+            y = dequantizer(backend, jnp.float32)(q)
+            expected = expected_dequantize(np.asarray(q.data).astype(np.float64), scale, gx.NVFP4, np.float32, g=g)
+            assert_bits_equal(y, as_bits(expected), f"{what} dequantized")
 
 
 @pytest.mark.parametrize("fmt", [gx.MXFP8_E4M3, gx.MXFP8_E5M2, gx.MXFP4], ids=["MXFP8_E4M3", "MXFP8_E5M2", "MXFP4"])
@@ -242,15 +300,15 @@ def test_ocp_rounding_bit_exact(fmt):
         assert_bits_equal(q.scale, scale_bits(scale, fmt), f"{fmt.name} {backend} ocp scale")
 
 
-@pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
-def test_partial_blocks_and_axes(fmt):
+@pytest.mark.parametrize("fmt,rounding", FORMAT_ROUNDINGS, ids=FR_IDS)
+def test_partial_blocks_and_axes(fmt, rounding):
     rng = np.random.default_rng(1)
     x = (rng.standard_normal((3, 150, 131)) * 10).astype(np.float32)
     axes = [-1] if fmt is gx.FP8_128x128 else [-1, 1]
     for axis in axes:
-        values, scale, g = expected_quantize(x, fmt, axis=axis)
+        values, scale, g = expected_quantize(x, fmt, axis=axis, rounding=rounding)
         for backend in BACKENDS:
-            q = quantizer(fmt, backend, axis=axis)(x)
+            q = quantizer(fmt, backend, axis=axis, rounding=rounding)(x)
             assert q.data.shape == x.shape and q.scale.shape == formats.scale_shape(x.shape, fmt, axis)
             assert_bits_equal(q.data, elem_bits(values, fmt), f"{fmt.name} axis={axis} {backend}")
             assert_bits_equal(q.scale, scale_bits(scale, fmt), f"{fmt.name} axis={axis} {backend} scale")
@@ -291,12 +349,12 @@ def test_nvfp4_global_scale_given_and_invalid():
             assert np.isnan(np.asarray(y)).all(), (backend, bad)
 
 
-@pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
-def test_round_trip_error_bound(fmt):
+@pytest.mark.parametrize("fmt,rounding", FORMAT_ROUNDINGS, ids=FR_IDS)
+def test_round_trip_error_bound(fmt, rounding):
     """|x - deq(q(x))| <= 2**-(mbits+1) * block scale * 2**ceil(log2 amax/scale) (half an ulp at the
     block's top binade; docs/formats.md), checked as a relative bound against the block amax."""
     x = np.random.default_rng(5).standard_normal((64, 256)).astype(np.float32) * 4
-    y = np.asarray(gx.dequantize(gx.quantize(x, fmt)))
+    y = np.asarray(gx.dequantize(gx.quantize(x, fmt, scale_rounding=rounding)))
     mbits = {gx.NVFP4: 1, gx.MXFP4: 1, gx.MXFP8_E5M2: 2}.get(fmt, 3)
     if fmt is gx.FP8_128x128:
         amax = np.abs(x).reshape(1, 64, 2, 128).max(axis=(1, 3), keepdims=True)
@@ -380,7 +438,11 @@ def test_errors():
         gx.quantize(x, 3)
     with pytest.raises(ValueError, match="'ocp'.*NVFP4"):
         gx.quantize(x, gx.NVFP4, scale_rounding="ocp")
-    with pytest.raises(ValueError, match="scale_rounding must be one of"):
+    with pytest.raises(ValueError, match="'nearest'.*NVFP4 only; MXFP8_E4M3 takes 'up' or 'ocp'"):
+        gx.quantize(x, gx.MXFP8_E4M3, scale_rounding="nearest")
+    with pytest.raises(ValueError, match="'nearest'.*NVFP4 only; FP8_1x128 takes 'up'"):
+        gx.quantize(x, gx.FP8_1x128, scale_rounding="nearest")
+    with pytest.raises(ValueError, match="scale_rounding must be None .* or one of"):
         gx.quantize(x, gx.MXFP8_E4M3, scale_rounding="down")
     with pytest.raises(ValueError, match="rank >= 2"):
         gx.quantize(jnp.ones(128), gx.FP8_128x128)
