@@ -125,23 +125,6 @@ def nvfp4(xb, g, rounding="nearest"):
     return np.where(special, 0, data), np.where(special, np.nan, sb)
 
 
-def nvfp4_nearest(xb, g):
-    """NVFP4 with the round-to-nearest block scale (jax.nn's and TransformerEngine's rule):
-    s_b = RN_E4M3(amax / (6 g)) of the exact quotient, saturating at 448, 0 for amax 0; elements
-    RN_E2M1(RN(x / RN(s_b g))), signed zeros where s_b is 0. The float64 quotient amax / (6 g)
-    rounds to E4M3 as the exact one does: a quotient of 24- and 26-bit integers that is not an
-    E4M3 midpoint lies at least 2**-31 (relative) away from one, far beyond 2**-53."""
-    g = float(g)
-    amax, special = _amax(xb, -1)
-    if not (np.isfinite(g) and g >= MIN_NORMAL_F32):
-        special = np.ones_like(special)
-    sb = round_to(amax / (6.0 * g), E4M3)
-    s_eff = rn24(sb * g)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        data = np.where(sb == 0, 0.0 * xb, round_to(rn24(xb / np.where(sb == 0, 1.0, s_eff)), E2M1))
-    return np.where(special, 0, data), np.where(special, np.nan, sb)
-
-
 def dequant(values, scale, out_dtype, g=None, power_of_two=False):
     """values and scale broadcast per element; scale is an exponent when power_of_two."""
     out = OUT[np.dtype(out_dtype)]

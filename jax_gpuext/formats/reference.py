@@ -301,12 +301,12 @@ def _global_scale_invalid(g_bits):
     return ((g_bits >> 31) == 1) | (exp == 0) | (exp == 0xFF)
 
 
-def nvfp4_quantize_blocks(bits, amax, g_bits, rounding: str):
-    """E2M1 elements with an E4M3 block scale, in jax.nn's order (docs/formats.md "NVFP4"):
-    y = RN(amax / g); scale = E4M3 of y / 6 ("nearest": ties to even, 0 for an all-zero or tiny
-    block; "up": ceil, 1.0 for an all-zero block), saturating at 448; elements
-    RN_E2M1(RN(RN(x / g) / scale)), +-6 where the scale is 0 (x / 0 saturates) and +-0 for zeros."""
-    f, fm, em = ELEMENTS["e2m1"]
+def nvfp4_block_scale(amax, g_bits, rounding: str):
+    """NVFP4's E4M3 block scale code, in jax.nn's order (docs/formats.md "NVFP4"): y = RN(amax / g);
+    scale = E4M3 of RN(y / 6) ("nearest": ties to even, 0 for an all-zero or tiny block; "up":
+    ceil, 1.0 for an all-zero block), saturating at 448; the NaN code for a block holding NaN / Inf
+    or a global scale that is not a positive normal fp32."""
+    _, fm, em = ELEMENTS["e2m1"]
     special = (amax >= F32_INF_BITS) | _global_scale_invalid(g_bits)
     _, kg, mg = decode(g_bits, F32)
     _, ka, ma = decode(amax, F32)
@@ -316,7 +316,16 @@ def nvfp4_quantize_blocks(bits, amax, g_bits, rounding: str):
     scale = round_to(jnp.zeros_like(kq), kq, _where_m(ma == 0, mq), E4M3, mode=mode, saturate=True)
     if mode == "up":
         scale = jnp.where(amax == 0, U32(0x38), scale)  # 1.0 for an all-zero block
-    scale = jnp.where(special, U32(E4M3.nan_code), scale)
+    return jnp.where(special, U32(E4M3.nan_code), scale)
+
+
+def nvfp4_quantize_blocks(bits, amax, g_bits, rounding: str):
+    """E2M1 elements with the E4M3 block scale of ``nvfp4_block_scale``: elements
+    RN_E2M1(RN(RN(x / g) / scale)), +-6 where the scale is 0 (x / 0 saturates) and +-0 for zeros;
+    0 in a special block."""
+    f = ELEMENTS["e2m1"][0]
+    scale = nvfp4_block_scale(amax, g_bits, rounding)
+    _, kg, mg = decode(g_bits, F32)
     _, ks, ms = decode(scale, E4M3)
     sign, k, m = decode(bits, F32)
     kx, mx = divide(k, m, kg, mg)
@@ -324,7 +333,7 @@ def nvfp4_quantize_blocks(bits, amax, g_bits, rounding: str):
     code = round_to(sign, kq, _where_m(m == 0, mq), f, saturate=True)
     saturated = (sign.astype(U32) << f.sign_shift) | U32(f.max_code)
     code = jnp.where((ms == 0) & (m != 0), saturated, code)  # scale 0: x / 0 saturates
-    return jnp.where(special, U32(0), code), scale
+    return jnp.where(scale == E4M3.nan_code, U32(0), code), scale
 
 
 def _nan_out(out: BitFormat):

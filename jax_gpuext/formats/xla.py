@@ -18,8 +18,8 @@ What makes it cheaper than the reference (which states the rules as plainly as p
 
 So a quantize compiles to an amax reduction over x, a small loop over the blocks and one loop
 over the elements: x is read twice (the amax must be known before any element is rounded) and
-the codes written once. ``nvfp4_block_scale_nearest`` is NVFP4's round-to-nearest block scale
-(jax.nn's and TransformerEngine's rule), next to the default round-up one.
+the codes written once. NVFP4 divides nothing per element: its two roundings
+(RN(RN(x / g) / s_b), then E2M1) become 7 exact thresholds on |x| per block.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from jax import lax
 from jax_gpuext.formats import reference as ref
 
 U32, I32, F32 = jnp.uint32, jnp.int32, jnp.float32
-NVFP4_SCALE_RULES = ("up", "nearest")
 
 
 # --------------------------------------------------------------------------- magnitudes as extended bits
@@ -128,44 +127,6 @@ def round_quotient_to(k, q, f: ref.BitFormat):
     return round_magnitude((jnp.maximum(k, -200) << 23) + q + (126 << 23), f)
 
 
-# --------------------------------------------------------------------------- NVFP4 block scale rules
-def nvfp4_block_scale_up(amax, g_bits):
-    """NVFP4's default E4M3 block scale code: RN(amax / RN(6 g)) rounded up onto E4M3
-    (saturating at 448); 1.0 (0x38) for an all-zero block. The reference's rule."""
-    _, kg, mg = ref.decode(g_bits, ref.F32)
-    _, fm, em = ref.ELEMENTS["e2m1"]  # 6 = 1.5 * 2**2
-    k6, m6 = ref.multiply(kg, mg, em, fm)
-    _, ka, ma = ref.decode(amax, ref.F32)
-    kr, mr = ref.divide(ka, ma, k6, m6)
-    code = ref.round_to(jnp.zeros_like(kr), kr, jnp.where(ma == 0, 0, mr), ref.E4M3, mode="up", saturate=True)
-    return jnp.where(amax == 0, U32(0x38), code)
-
-
-def nvfp4_block_scale_nearest(amax, g_bits):
-    """NVFP4's round-to-nearest E4M3 block scale code (jax.nn, TransformerEngine): the exact
-    quotient amax / (6 g), rounded once to the nearest E4M3 value (ties to even), saturating
-    at 448; 0 for an all-zero block (and wherever the quotient rounds to zero).
-
-    6 g = 3 * mg * 2**(kg - 22) exactly, so the quotient is ma / (3 mg) times a power of two.
-    ``floor_quotient`` gives floor(ma * 2**(25 + c) / (3 mg)) (in [2**23, 2**25)) and its
-    remainder; the quotient rounded to odd at 24 bits (the sticky remainder ORed into the last
-    bit) rounds to E4M3's 4 bits exactly as the quotient itself does (rounding to odd with at
-    least two more bits is innocuous: Boldo and Melquiond, 2008)."""
-    _, kg, mg = ref.decode(g_bits, ref.F32)
-    _, ka, ma = ref.decode(amax, ref.F32)
-    a, b = ma.astype(U32), mg.astype(U32) * 3
-    c = a < mg.astype(U32)
-    shift = 25 + c.astype(I32)
-    estimate = (ref.significand_f32(a) / (ref.significand_f32(mg) * np.float32(1.5))
-                * jnp.where(c, np.float32(2.0**25), np.float32(2.0**24)))
-    q, r = ref.floor_quotient(a, shift, b, estimate, np.float32(1.0) / b.astype(F32))
-    wide = (q >> 24).astype(I32)  # q in [2**24, 2**25): keep 24 bits, the dropped one is sticky too
-    m = (q >> wide.astype(U32)) | (q & wide.astype(U32)) | (r != 0).astype(U32)
-    k = ka - kg - 3 - c.astype(I32) + wide
-    code = ref.round_to(jnp.zeros_like(k), k, m.astype(I32), ref.E4M3, saturate=True)
-    return jnp.where(ma == 0, U32(0), code)
-
-
 # --------------------------------------------------------------------------- per block
 def _materialize(*values):
     """Per-block uint32 values, computed once per block: XLA would otherwise fuse their cheap
@@ -202,33 +163,6 @@ def _fp8_block(amax):
     return jnp.where(amax >= ref.F32_INF_BITS, U32(ref.F32_NAN_BITS), stored)
 
 
-DIVISOR_BIAS = 256  # a packed divisor's exponent field: k + 256 in 9 bits (NVFP4's k is within -136..137)
-
-
-def pack_divisor(k, m):
-    """(k, m) of a divisor whose exponent may leave fp32's range -> one uint32 (9-bit biased
-    exponent, the 23 fraction bits)."""
-    return ((k + DIVISOR_BIAS).astype(U32) << 23) | (m.astype(U32) & 0x7FFFFF)
-
-
-def unpack_divisor(p):
-    return (p >> 23).astype(I32) - DIVISOR_BIAS, ((p & 0x7FFFFF) | (1 << 23)).astype(I32)
-
-
-def _nvfp4_block(amax, g_bits, rule: str):
-    """-> (stored E4M3 code, packed divisor RN(s_b * g)). A special block (NaN/Inf, or a global
-    scale that is not a positive normal fp32) stores the NaN code; a zero scale (possible with
-    "nearest") gets divisor 1, its elements are signed zeros."""
-    special = (amax >= ref.F32_INF_BITS) | ref._global_scale_invalid(g_bits)
-    code = (nvfp4_block_scale_up if rule == "up" else nvfp4_block_scale_nearest)(amax, g_bits)
-    _, ks, ms = ref.decode(code, ref.E4M3)
-    _, kg, mg = ref.decode(g_bits, ref.F32)
-    ke, me = ref.multiply(ks, ms, kg, mg)
-    unused = (ms == 0) | special
-    divisor = pack_divisor(jnp.where(unused, 0, ke), jnp.where(unused, 1 << 23, me))
-    return jnp.where(special, U32(ref.E4M3.nan_code), code), divisor
-
-
 # --------------------------------------------------------------------------- per element
 def _signed(code, sign, f: ref.BitFormat):
     return code | (sign << f.sign_shift)
@@ -247,47 +181,68 @@ def _divided_codes(mag, sign, kd, md, rcp, special, f, short):
     return jnp.where(special, U32(0), _signed(code, sign, f))
 
 
-# NVFP4's E2M1 rounding steps as exact bounds on |x| / p (p: the block's divisor): the code is
-# at least i + 1 iff RN_fp32(|x| / p) > 0.25, >= 0.75, > 1.25, >= 1.75, > 2.5, >= 3.5, > 5 (ties
-# to the even code), i.e. iff |x| / p > bound_i, bound_i = t_i +- ulp(t_i) / 2 (the fp32 tie at
-# the bound goes to t_i, whose last bit is 0). Each bound is N * 2**w with N an odd 25-bit integer.
+# NVFP4's E2M1 rounding steps as exact bounds on a real v: RN_E2M1(RN_fp32(v)) is at least code
+# i + 1 iff RN_fp32(v) > 0.25, >= 0.75, > 1.25, >= 1.75, > 2.5, >= 3.5, > 5 (ties to the even
+# code), i.e. iff v > bound_i, bound_i = t_i +- ulp(t_i) / 2 (the fp32 tie at the bound goes to
+# t_i, whose last bit is 0). Each bound is N * 2**w with N an odd 25-bit integer.
 NVFP4_BOUNDS = ((2**24 + 1, -26), (3 * 2**23 - 1, -25), (5 * 2**22 + 1, -24), (7 * 2**22 - 1, -24),
                 (5 * 2**22 + 1, -23), (7 * 2**22 - 1, -23), (5 * 2**22 + 1, -22))
 
 
-def nvfp4_thresholds(kd, md):
-    """Per block: fp32 bit patterns U_i with |x| > bound_i * p  iff  bits(|x|) > U_i, p = (kd, md).
+def truncated_product(n, w, kd, md):
+    """fp32 bit pattern U with |x| > d  iff  bits(|x|) > U, for d = n * md * 2**(w + kd - 23): n an
+    odd integer in (2**24, 2**25), md a significand in [2**23, 2**24), w and kd int32 (unbounded).
 
-    bound_i * p = N * md * 2**(w + kd - 23) has at least 25 significant bits (N odd, md < 2**24),
-    so it is never a float32 value (normal or subnormal) and |x| exceeds it iff |x| exceeds its
-    truncation U_i onto the float32 grid. The 49-bit product N * md is truncated to 24 bits as
-    floor(N * md / 2**s): a float32 estimate, then exact by the remainder modulo 2**32 (the same
-    device as ``floor_quotient``; here the divisor is 2**s, so the correction is a shift)."""
+    d has at least 25 significant bits, so it is never a float32 value (normal or subnormal) and
+    |x| exceeds it iff |x| exceeds its truncation U onto the float32 grid (+Inf's pattern past
+    float32's range). The 49-bit product n * md is truncated to 24 bits as floor(n * md / 2**s):
+    a float32 estimate, then exact by the remainder modulo 2**32 (the device of
+    ``reference.floor_quotient``; the divisor is 2**s, so the correction is a shift)."""
+    n = jnp.asarray(n)
+    pf = n.astype(F32) * md.astype(F32)  # ~ n * md, within a few 2**-24 relative
+    s = (lax.bitcast_convert_type(pf, I32) >> 23) - 127 - 23  # 24 or 25
+    q = (pf * lax.bitcast_convert_type((127 - s) << 23, F32)).astype(I32)  # pf / 2**s
+    r = lax.bitcast_convert_type(n.astype(U32) * md.astype(U32) - (q.astype(U32) << s.astype(U32)), I32)
+    q = q + (r >> s)  # r / 2**s floored: now q = floor(n * md / 2**s) exactly
+    r = r & ((1 << s) - 1)
+    low = q < (1 << 23)  # the estimate's binade was one too high
+    q = jnp.where(low, (q << 1) | ((r >> (s - 1)) & 1), q)
+    s = s - low.astype(I32)
+    high = q >= (1 << 24)  # one too low
+    q, s = jnp.where(high, q >> 1, q), s + high.astype(I32)
+    e = s + w + kd + 127  # the float32 exponent field of the truncation's leading bit
+    normal = (e << 23) | (q & 0x7FFFFF)
+    sub = q >> jnp.clip(1 - e, 0, 31)  # onto the subnormal grid (floor of a floor)
+    return jnp.where(e >= 255, ref.F32_INF_BITS, jnp.where(e >= 1, normal, sub)).astype(U32)
+
+
+def nvfp4_thresholds(ks, ms, kg, mg):
+    """Per block: fp32 bit patterns X_i with RN_E2M1(RN(RN(|x| / g) / s_b)) >= code i + 1  iff
+    bits(|x|) > X_i, for the E4M3 block scale s_b = (ks, ms) and the global scale g = (kg, mg)
+    (docs/formats.md, "The xla backend, proved exact"), all exponents unbounded:
+
+    - the last two roundings: code >= i + 1 iff w / s_b > bound_i, w = RN(|x| / g);
+    - bound_i s_b = P 2**(w_i + ks - 3), P = N_i (ms >> 20) in [2**27, 2**29) (E4M3 significands
+      have 4 bits), is never on the 24-bit grid (its odd part is at least N_i > 2**24), so
+      w > bound_i s_b iff w > V_i, V_i = floor24(bound_i s_b): P shifted right by 4 or 5;
+    - w = RN(|x| / g) > V_i iff |x| / g > M_i = (2 V + 1) 2**(...), the midpoint between V_i and the
+      next 24-bit value (never equal: M_i g has an odd part above 2**24);
+    - |x| > M_i g iff bits(|x|) > ``truncated_product``.
+    A zero block scale (x / 0 saturates to +-6) has thresholds 0: every nonzero |x| exceeds all 7."""
+    ms4 = (ms.astype(U32) >> 20)  # 8..15
     out = []
     for n, w in NVFP4_BOUNDS:
-        pf = np.float32(n) * md.astype(F32)  # ~ N * md, within a few 2**-24 relative
-        s = (lax.bitcast_convert_type(pf, I32) >> 23) - 127 - 23  # 24 or 25
-        q = (pf * lax.bitcast_convert_type((127 - s) << 23, F32)).astype(I32)  # pf / 2**s
-        r = lax.bitcast_convert_type(U32(n) * md.astype(U32) - (q.astype(U32) << s.astype(U32)), I32)
-        q = q + (r >> s)  # r / 2**s floored: now q = floor(N * md / 2**s) exactly
-        r = r & ((1 << s) - 1)
-        low = q < (1 << 23)  # the estimate's binade was one too high
-        q = jnp.where(low, (q << 1) | ((r >> (s - 1)) & 1), q)
-        s = s - low.astype(I32)
-        high = q >= (1 << 24)  # one too low
-        q, s = jnp.where(high, q >> 1, q), s + high.astype(I32)
-        e = s + w + kd + 127  # the float32 exponent field of the truncation's leading bit
-        normal = (e << 23) | (q & 0x7FFFFF)
-        sub = q >> jnp.clip(1 - e, 0, 31)  # onto the subnormal grid (floor of a floor)
-        u = jnp.where(e >= 255, ref.F32_INF_BITS, jnp.where(e >= 1, normal, sub))
-        out.append(u.astype(U32))
+        p = U32(n) * ms4
+        high = (p >> 28).astype(I32)  # p has 28 + high bits
+        v = p >> (4 + high).astype(U32)  # V_i = v 2**(w + ks + 1 + high), v in [2**23, 2**24)
+        x_i = truncated_product((v << 1) | 1, w + ks + high, kg, mg)
+        out.append(jnp.where(ms == 0, U32(0), x_i))
     return out
 
 
-def _threshold_codes(abs_bits, sign, thresholds, special, zero, f):
-    """NVFP4 element codes by counting the thresholds |x| exceeds (no division)."""
+def _threshold_codes(abs_bits, sign, thresholds, special, f):
+    """NVFP4 element codes by counting the thresholds |x| exceeds (no division); 0 in special blocks."""
     code = sum((abs_bits > u).astype(U32) for u in thresholds)
-    code = jnp.where(zero, U32(0), code)
     return jnp.where(special, U32(0), _signed(code, sign, f))
 
 
@@ -379,12 +334,10 @@ def _abs_f32_bits(x, mag):
     return ref.to_f32_bits(x) & U32(ref.F32_ABS_MASK)
 
 
-def quantize(x, fmt, axis: int, rounding: str, g, *, nvfp4_scale: str = "up"):
+def quantize(x, fmt, axis: int, rounding: str, g):
     """(data, scale) of ``x`` in ``fmt`` (validated arguments, ``x`` not empty unless ``fmt`` is
-    per-tensor; ``g``: NVFP4's float32 global scale, with vmap's leading batch dims, or None).
-    ``nvfp4_scale``: NVFP4's block scale rule."""
-    if nvfp4_scale not in NVFP4_SCALE_RULES:
-        raise ValueError(f"nvfp4_scale must be one of {NVFP4_SCALE_RULES}, got {nvfp4_scale!r}")
+    per-tensor; ``rounding``: the scale rounding, resolved; ``g``: NVFP4's float32 global scale,
+    with vmap's leading batch dims, or None)."""
     xv, _, sshape, unblock = _block_view(x, fmt, axis)
     amax = _abs_max(x, fmt, axis)
     mag, sign = magnitude_bits(xv)
@@ -396,11 +349,11 @@ def quantize(x, fmt, axis: int, rounding: str, g, *, nvfp4_scale: str = "up"):
     elif fmt.has_global_scale:
         g_bits = lax.bitcast_convert_type(g.astype(F32), U32)
         g_bits = g_bits.reshape(g.shape + (1,) * (xv.ndim - g.ndim))
-        stored, divisor = _nvfp4_block(amax, g_bits, nvfp4_scale)
-        special = stored == ref.E4M3.nan_code
-        flags = special.astype(U32) | (((stored == 0) & ~special).astype(U32) << 1)
-        stored, flags, *thresholds = _materialize(stored, flags, *nvfp4_thresholds(*unpack_divisor(divisor)))
-        codes = _threshold_codes(_abs_f32_bits(xv, mag), sign, thresholds, (flags & 1) == 1, (flags & 2) == 2, f)
+        stored = ref.nvfp4_block_scale(amax, g_bits, rounding)
+        _, ks, ms = ref.decode(stored, ref.E4M3)
+        _, kg, mg = ref.decode(g_bits, ref.F32)
+        stored, *thresholds = _materialize(stored, *nvfp4_thresholds(ks, ms, kg, mg))
+        codes = _threshold_codes(_abs_f32_bits(xv, mag), sign, thresholds, stored == ref.E4M3.nan_code, f)
     else:
         stored = _fp8_block(amax)
         _, kd, md = ref.decode(stored, ref.F32)

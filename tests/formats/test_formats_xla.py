@@ -3,8 +3,8 @@
 Its bits against the float64 model and the other backends are checked with them in
 test_formats.py (every test there runs it, the every-bf16-value sweeps included). Here: the
 loop-free division it rests on, for estimates as bad as the ones XLA:GPU's ``div.full.f32`` and
-XLA's reciprocal rewrite give; its per-element rounding; NVFP4's thresholds; the round-to-nearest
-NVFP4 scale; and the compiled program: no while loop, x read at most twice, on CPU and as lowered
+XLA's reciprocal rewrite give; its per-element rounding; NVFP4's thresholds against the rule in
+exact arithmetic; and the compiled program: no while loop, x read at most twice, on CPU and as lowered
 for CUDA."""
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import _formats_numpy as npref
 import jax_gpuext as gx
 from jax_gpuext import formats
 from jax_gpuext.formats import reference as ref
@@ -136,35 +135,66 @@ def exact_threshold(n, w, kd, md):
     return int(np.float32(units * float(quantum)).view(np.uint32))
 
 
-def test_nvfp4_thresholds_are_exact():
-    """NVFP4's per-block thresholds against exact rational arithmetic, for divisors whose
-    thresholds are normal, subnormal (down to 0) and past float32's range (Inf)."""
-    n = 300
-    md = significands(n)
-    kd = RNG.integers(-160, 135, n)
+def test_truncated_product_is_exact():
+    """The truncation of n * md * 2**(w + kd - 23) onto the float32 grid against exact rational
+    arithmetic, for products that are normal, subnormal (down to 0) and past float32's range."""
+    k = 400
+    n = RNG.integers(2**23, 2**24, k) * 2 + 1
+    n[:4] = [2**24 + 1, 2**25 - 1, 3 * 2**23 - 1, 7 * 2**22 - 1]
+    md = significands(k)
+    w = RNG.integers(-30, 5, k)
+    kd = RNG.integers(-140, 150, k)
     kd[:6] = [-160, -151, -148, -127, 126, 134]
-    got = jax.jit(formats_xla.nvfp4_thresholds)(kd.astype(np.int32), md.astype(np.int32))
-    for u, (num, w) in zip(got, formats_xla.NVFP4_BOUNDS):
-        want = [exact_threshold(num, w, int(k), int(m)) for k, m in zip(kd, md)]
-        np.testing.assert_array_equal(np.asarray(u).astype(np.int64), want)
+    got = jax.jit(formats_xla.truncated_product)(*(v.astype(np.int32) for v in (n, w, kd, md)))
+    want = [exact_threshold(int(a), int(b), int(c), int(d)) for a, b, c, d in zip(n, w, kd, md)]
+    np.testing.assert_array_equal(np.asarray(got).astype(np.int64), want)
 
 
-# --------------------------------------------------------------------------- NVFP4 nearest
-@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float16], ids=["f32", "bf16", "f16"])
-def test_nvfp4_nearest_scale_rule(dtype):
-    """NVFP4 with the round-to-nearest E4M3 block scale (formats_xla.nvfp4_block_scale_nearest,
-    the rule issue 27 makes the default) against the float64 model, at a computed global scale
-    and at extreme given ones (tiny blocks whose scale rounds to 0, saturation at 448)."""
-    x = random_blocks(11, 2000, (64,), dtype)
-    for g in (None, np.float32(2.0**-126), np.float32(3e-3), np.float32(2.0**100)):
-        g = ref.nvfp4_global_scale(x) if g is None else g
-        data, scale = jax.jit(lambda v, g: formats_xla.quantize(v, gx.NVFP4, -1, "up", g, nvfp4_scale="nearest"))(
-            x, np.float32(g))
-        xb, k = npref.blocks_1d(np.asarray(x, np.float64), 16, -1)
-        values, sb = npref.nvfp4_nearest(xb, np.float32(g))
-        values = npref.unblock_1d(np.broadcast_to(values, xb.shape), k, -1)
-        assert_bits_equal(data, elem_bits(values, gx.NVFP4), f"g={g} data")
-        assert_bits_equal(scale, scale_bits(sb[..., 0], gx.NVFP4), f"g={g} scale")
+def nvfp4_code(x_bits, s_b, g):
+    """RN_E2M1(RN24(RN24(|x| / g) / s_b)) of a float32 bit pattern, exponents unbounded, by exact
+    rational arithmetic (rn24 above): the rule as docs/formats.md states it; 7 if s_b is 0."""
+    x = fractions.Fraction(float(np.uint32(x_bits).view(np.float32)))
+    if x == 0:
+        return 0
+    if s_b == 0:
+        return 7
+    k, m = rn24(x.numerator * g.denominator, x.denominator * g.numerator)
+    w = fractions.Fraction(m) * fractions.Fraction(2) ** (k - 23)
+    k, m = rn24(w.numerator * s_b.denominator, w.denominator * s_b.numerator)
+    z = fractions.Fraction(m) * fractions.Fraction(2) ** (k - 23)
+    grid = [fractions.Fraction(v) for v in (0, 0.5, 1, 1.5, 2, 3, 4, 6)]
+    best = min(range(8), key=lambda i: (abs(z - grid[i]), i % 2))  # nearest, ties to the even code
+    return best
+
+
+def test_nvfp4_thresholds_match_the_rule():
+    """NVFP4's per-block thresholds (two roundings folded into 7 comparisons on |x|'s bits) against
+    the rule itself in exact arithmetic: X_i is the largest float32 pattern whose code is <= i, found
+    by bisection over the patterns (the code is monotone in |x|). E4M3 block scales from the
+    smallest subnormal to 448, and 0; global scales from the smallest normal float32 up, powers of
+    two and not (RN(1 / 2688): x / g lands on E2M1 ties times s_b)."""
+    rng = np.random.default_rng(3)
+    scales = np.concatenate([[0x00, 0x01, 0x07, 0x08, 0x38, 0x3C, 0x7E], rng.integers(1, 0x7F, 9)]).astype(np.uint32)
+    gs = np.array([2.0**-126, 1 / 2688, 0.37, 1.0, 3.1e-30 / 7, 2.0**100, 2.0**120, 1.7e38], np.float32)
+    sc, gg = np.meshgrid(scales, gs.view(np.uint32), indexing="ij")
+    sc, gg = sc.ravel(), gg.ravel()
+
+    def thresholds(code, g_bits):
+        _, ks, ms = ref.decode(code, ref.E4M3)
+        _, kg, mg = ref.decode(g_bits, ref.F32)
+        return jnp.stack(formats_xla.nvfp4_thresholds(ks, ms, kg, mg), axis=-1)
+    got = np.asarray(jax.jit(thresholds)(sc, gg)).astype(np.int64)
+    e4m3 = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    for row, code, g_bits in zip(got, sc, gg):
+        s_b = fractions.Fraction(float(e4m3[code]))
+        g = fractions.Fraction(float(np.uint32(g_bits).view(np.float32)))
+        for i, x_i in enumerate(row):
+            lo, hi = -1, 0x7F800000  # code(lo) <= i (lo = -1: none), code(+Inf's pattern) taken as > i
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if nvfp4_code(mid, s_b, g) <= i else (lo, mid)
+            # past the largest finite value the implementation may give +Inf's pattern: the same test
+            assert x_i == lo or (lo == 0x7F7FFFFF and x_i == 0x7F800000), (hex(code), float(g), i, hex(x_i), hex(lo))
 
 
 # --------------------------------------------------------------------------- the compiled program
