@@ -228,16 +228,17 @@ def nvfp4_thresholds(ks, ms, kg, mg):
     - w = RN(|x| / g) > V_i iff |x| / g > M_i = (2 V + 1) 2**(...), the midpoint between V_i and the
       next 24-bit value (never equal: M_i g has an odd part above 2**24);
     - |x| > M_i g iff bits(|x|) > ``truncated_product``.
-    A zero block scale (x / 0 saturates to +-6) has thresholds 0: every nonzero |x| exceeds all 7."""
-    ms4 = (ms.astype(U32) >> 20)  # 8..15
-    out = []
-    for n, w in NVFP4_BOUNDS:
-        p = U32(n) * ms4
-        high = (p >> 28).astype(I32)  # p has 28 + high bits
-        v = p >> (4 + high).astype(U32)  # V_i = v 2**(w + ks + 1 + high), v in [2**23, 2**24)
-        x_i = truncated_product((v << 1) | 1, w + ks + high, kg, mg)
-        out.append(jnp.where(ms == 0, U32(0), x_i))
-    return out
+    A zero block scale (x / 0 saturates to +-6) has thresholds 0: every nonzero |x| exceeds all 7.
+    The 7 lie along a new last axis (one copy of the arithmetic: 7 unrolled copies took XLA:CPU
+    3.5x as long to compile, 1.9 s against 0.55 s, for the same run time)."""
+    n_i = np.array([n for n, _ in NVFP4_BOUNDS], np.uint32)
+    w_i = np.array([w for _, w in NVFP4_BOUNDS], np.int32)
+    ks, ms, kg, mg = (jnp.asarray(v)[..., None] for v in (ks, ms, kg, mg))
+    p = n_i * (ms.astype(U32) >> 20)  # E4M3 significand: 4 bits, 8..15
+    high = (p >> 28).astype(I32)  # p has 28 + high bits
+    v = p >> (4 + high).astype(U32)  # V_i = v 2**(w + ks + 1 + high), v in [2**23, 2**24)
+    x_i = jnp.where(ms == 0, U32(0), truncated_product((v << 1) | 1, w_i + ks + high, kg, mg))
+    return x_i
 
 
 def _threshold_codes(abs_bits, sign, thresholds, special, f):
@@ -352,7 +353,8 @@ def quantize(x, fmt, axis: int, rounding: str, g):
         stored = ref.nvfp4_block_scale(amax, g_bits, rounding)
         _, ks, ms = ref.decode(stored, ref.E4M3)
         _, kg, mg = ref.decode(g_bits, ref.F32)
-        stored, *thresholds = _materialize(stored, *nvfp4_thresholds(ks, ms, kg, mg))
+        stored, thresholds = _materialize(stored, nvfp4_thresholds(ks, ms, kg, mg))
+        thresholds = [thresholds[..., i] for i in range(len(NVFP4_BOUNDS))]
         codes = _threshold_codes(_abs_f32_bits(xv, mag), sign, thresholds, stored == ref.E4M3.nan_code, f)
     else:
         stored = _fp8_block(amax)

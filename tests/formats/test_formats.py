@@ -116,6 +116,12 @@ def quantizer(fmt, backend, axis=-1, rounding=None):
 
 
 @functools.cache
+def nvfp4_quantizer(backend, rounding):
+    """NVFP4 with the global scale as an argument (one compilation for every g)."""
+    return jax.jit(lambda x, g: gx.quantize(x, gx.NVFP4, global_scale=g, scale_rounding=rounding, backend=backend))
+
+
+@functools.cache
 def dequantizer(backend, dtype):
     return jax.jit(lambda q: gx.dequantize(q, dtype, backend=backend))
 
@@ -173,6 +179,15 @@ def every_bf16_up_to(top):
     return np.concatenate([v, -v])
 
 
+def sweep_blocks(top, b):
+    """every_bf16_up_to(top) in rows of b - 1, each row ending in `top` (which fixes its block's
+    amax), zero-padded to one shape whatever `top` (every finite bf16 value, 2 * 0x7F80, fits): one
+    compilation per quantizer for all tops (the xla backend's NVFP4 takes ~1 s to compile)."""
+    v = every_bf16_up_to(top)
+    v = np.concatenate([v, np.zeros(-(-2 * 0x7F80 // (b - 1)) * (b - 1) - len(v), np.float32)]).reshape(-1, b - 1)
+    return np.concatenate([v, np.full((len(v), 1), top, np.float32)], axis=1).astype(ml_dtypes.bfloat16)
+
+
 SWEPT = ["cpu", "xla"]  # the backends with paths of their own for bf16 / division (the reference has none)
 SWEPT_FORMATS = [(gx.MXFP8_E4M3, None), (gx.MXFP8_E5M2, None), (gx.MXFP4, None), (gx.NVFP4, None),
                  (gx.NVFP4, "up"), (gx.FP8_1x128, None)]
@@ -188,10 +203,7 @@ def test_every_bf16_value_in_a_block_bit_exact(fmt, rounding, top, backend):
     Each block holds `top` once (fixing its scale) and block-1 swept values; along the last axis
     (whole blocks) and along rows (the strided path). FP8_1x128 divides by top / 448, exact only
     for top = 448 (divisor 1): the one top at which its quotients land on E4M3's ties."""
-    b = fmt.block[0]
-    v = every_bf16_up_to(top)
-    v = np.concatenate([v, np.zeros((-len(v)) % (b - 1), np.float32)]).reshape(-1, b - 1)
-    x = np.concatenate([v, np.full((len(v), 1), top, np.float32)], axis=1).astype(ml_dtypes.bfloat16)
+    x = sweep_blocks(top, fmt.block[0])
     for axis, arr in ((-1, x), (0, np.ascontiguousarray(x.T))):
         values, scale, g = expected_quantize(arr, fmt, axis=axis, rounding=rounding)
         q = quantizer(fmt, backend, axis=axis, rounding=rounding)(arr)
@@ -237,22 +249,12 @@ def test_nvfp4_bf16_every_value_at_extreme_divisors(g, rounding, backend):
     g = np.float32(g)
     # A block amax of up to ~450 x 6g (the E4M3 scale near its top), capped at bf16's largest.
     tops = [float(np.float32(min(f * 6 * float(g), 3.3e38))) for f in (0.01, 1.0, 1.5, 300.0)]
-    q_of = jax.jit(lambda v: gx.quantize(v, gx.NVFP4, global_scale=g, scale_rounding=rounding, backend=backend))
     for top in tops:
-        top = float(np.float32(ml_dtypes.bfloat16(top)))
-        v = every_bf16_up_to(top)
-        v = np.concatenate([v, np.zeros((-len(v)) % 15, np.float32)]).reshape(-1, 15)
-        x = np.concatenate([v, np.full((len(v), 1), top, np.float32)], axis=1).astype(ml_dtypes.bfloat16)
+        x = sweep_blocks(float(np.float32(ml_dtypes.bfloat16(top))), 16)
         values, scale, _ = expected_quantize(x, gx.NVFP4, g=g, rounding=rounding)
-        q = q_of(x)
+        q = nvfp4_quantizer(backend, rounding)(x, g)
         assert_bits_equal(q.data, elem_bits(values, gx.NVFP4), f"g={g} top={top} data")
         assert_bits_equal(q.scale, scale_bits(scale, gx.NVFP4), f"g={g} top={top} scale")
-
-
-@functools.cache
-def nvfp4_quantizer(backend, rounding):
-    """NVFP4 with the global scale as an argument (one compilation for every g)."""
-    return jax.jit(lambda x, g: gx.quantize(x, gx.NVFP4, global_scale=g, scale_rounding=rounding, backend=backend))
 
 
 @pytest.mark.parametrize("rounding", ["nearest", "up"])
