@@ -5,8 +5,9 @@
 #     any report stops the process (halt_on_error) and fails the leg.
 #  2. ThreadSanitizer over the CPU all-reduce protocol's host threads (tests/native/cpu_protocol_tsan.cc).
 # Subset, to stay near 10 minutes on 2 cores: the tests whose code reaches our C++ on CPU
-# (formats, memory, all_reduce, the handlers' size checks) plus tests/fuzz; the dot / hopper_mx / cuDNN tests run the jnp
-# reference or skip on CPU and would add minutes without executing a line of sanitized code.
+# (formats, memory, all_reduce and its protocol semantics, the handlers' size checks) plus
+# tests/fuzz; the dot / hopper_mx / cuDNN tests run the jnp reference or skip on CPU and would add
+# minutes without executing a line of sanitized code.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_PROGRESS_BAR=off
@@ -43,7 +44,7 @@ log=$(mktemp)
 ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=1:verify_asan_link_order=0:allocator_may_return_null=1 \
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 LD_PRELOAD="$libs" \
   .venv-asan/bin/pytest -q -p no:cacheprovider tests/formats/test_formats.py tests/memory/test_memory.py tests/collectives/test_allreduce.py \
-  tests/common/test_handler_size_checks.py tests/fuzz 2>&1 | tee "$log"
+  tests/collectives/test_allreduce_semantics.py tests/common/test_handler_size_checks.py tests/fuzz 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 if grep -qE "ERROR: AddressSanitizer|runtime error:|SUMMARY: (Address|UndefinedBehavior)Sanitizer" "$log"; then
   echo "FAILED: sanitizer reports above" >&2; exit 1

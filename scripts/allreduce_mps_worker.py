@@ -143,10 +143,11 @@ def check_all(rank: int, n: int) -> None:
     import numpy as np
 
     import jax_gpuext
+    from jax_gpuext.common import env
 
     jax.config.update("jax_enable_x64", True)  # else float64/int64/uint64 arrays are silently 32-bit
     mesh = jax.make_mesh((n,), ("i",))
-    if os.environ.get("JAX_GPUEXT_ALLREDUCE_GRAPH_SAFE", "0") not in ("", "0"):
+    if env.get("JAX_GPUEXT_ALLREDUCE_GRAPH_SAFE"):
         _check_captured(mesh, _global(np.ones(1000, np.float32), mesh))
     ran = 0
     for dtype in DTYPES:

@@ -4,7 +4,8 @@
   ``jax_gpuext.gates`` is open, with the gate's reason as the skip reason. Under
   ``JAX_GPUEXT_REQUIRE_GPU=1`` (the GPU run script sets it) such a skip is a failure instead, so a
   GPU run cannot pass by skipping its GPU tests, unless only architecture gates are closed (a
-  Blackwell test on an H100 still skips, with the reason in the report).
+  Blackwell test on an H100 still skips, with the reason in the report), nor where only gates no
+  GPU run can open are closed (``IMAGE_GATES``: a library newer than the lent image has).
 - ``@pytest.mark.verifies("block_scaled_dot.{backend}", mode="plain")`` names the components of
   the verification record (``jax_gpuext.common.verified``) a GPU test exercises; ``{param}`` is filled
   from the test's parameters and keyword arguments restrict the marker to parameter values. The
@@ -25,12 +26,22 @@ import pathlib
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
+import sys
+
+# Some test modules import helpers from another capability's tests (tests/fuzz and
+# tests/formats/test_formats_gpu.py from tests/formats/test_formats.py, tests/dot's dimension tests
+# from test_block_scaled_dot.py). pytest puts a test file's folder on sys.path only when it collects
+# that file, so `pytest tests/fuzz` alone failed to import; these folders go on the path up front.
+for _folder in ("formats", "dot"):
+    if str(pathlib.Path(__file__).parent / _folder) not in sys.path:
+        sys.path.append(str(pathlib.Path(__file__).parent / _folder))
+
 import pytest
 
 import jax_gpuext
-from jax_gpuext.common import gates
+from jax_gpuext.common import env, gates
 
-REQUIRE_GPU = os.environ.get("JAX_GPUEXT_REQUIRE_GPU", "") not in ("", "0")
+REQUIRE_GPU = env.get("JAX_GPUEXT_REQUIRE_GPU")
 # Gates a GPU run cannot open by installing anything: the GPU in the machine is another
 # architecture. Under JAX_GPUEXT_REQUIRE_GPU=1 these alone still skip (a Blackwell test on an
 # H100); any other closed gate (a missing build part, library or device) fails.

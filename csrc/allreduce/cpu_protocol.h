@@ -25,12 +25,27 @@ struct CpuAllReduceArgs {
   int64_t color = 0;   // which group, when a mesh has several along the reduced axis
   int64_t workspace_bytes = 0;  // per rank; messages larger than a chunk are split
   double timeout_s = 30.0;
+  // Which execution of the program this call belongs to (XLA's RunId, shared by every device of
+  // one execution) and which device makes it (-1: unknown, the rank-claim check below is skipped).
+  int64_t run_id = 0;
+  int64_t device = -1;
 };
 
 // Blocks until every rank of the group has called it with the same site/color, or until the
 // timeout; then returns an error naming the ranks that did not arrive. A group that timed out
-// stays failed (its epochs can no longer agree): later calls at that site fail at once.
+// stays failed (its epochs can no longer agree): later calls at that site fail at once. Two
+// devices that claim the same rank in one execution fail the group too, naming the rank and
+// color; so do two callers inside at once with the same rank. A group's heap lives only while one
+// of its ranks is inside a call.
 Status CpuAllReduce(const CpuAllReduceArgs& args);
+
+// What the protocol holds right now (tests check that it returns to zero between calls).
+struct CpuAllReduceState {
+  int64_t live_groups = 0;    // groups with a rank inside a call
+  int64_t heap_bytes = 0;     // their workspaces, all ranks together
+  int64_t failed_groups = 0;  // failed groups remembered (an error string each, no heap)
+};
+CpuAllReduceState CpuAllReduceLiveState();
 
 // Elements per chunk for a per-rank workspace of `workspace_bytes` (0: too small).
 int64_t ChunkElements(Algorithm algorithm, int group_size, int64_t workspace_bytes, int element_bytes);

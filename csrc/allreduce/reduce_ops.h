@@ -4,7 +4,9 @@
 // Numerics (docs/allreduce.md): every rank reduces the contributions in rank order 0..n-1,
 // so one_shot and two_shot give bit-identical results on every rank. float16, bfloat16 and
 // the float8 formats accumulate in float32 and are rounded once (round-to-nearest-even);
-// integers wrap (two's complement) like XLA's all-reduce; float max/min propagate NaN.
+// integers wrap (two's complement) like XLA's all-reduce; float max/min are IEEE 754-2019
+// maximum/minimum (NaN wins, -0 < +0); a float sum starts from the first contribution, not
+// from +0, so it is -0 exactly when every contribution is -0 (docs/design.md, issue 26).
 #pragma once
 
 #include <cstdint>
@@ -153,6 +155,10 @@ GPUEXT_NARROW_FLOAT_ELEM(kF8E5M2, uint8_t, E5M2Codec::Decode, E5M2Codec::Encode)
 
 template <typename A> GPUEXT_HD bool IsNan(A v) { return v != v; }
 
+// The sign bit of a float or double (-0.0 has it; 0.0 == -0.0 cannot tell them apart).
+GPUEXT_HD bool SignBit(float v) { return (FloatToBits(v) >> 31) != 0; }
+GPUEXT_HD bool SignBit(double v) { uint64_t b; memcpy(&b, &v, 8); return (b >> 63) != 0; }
+
 // Combines two accumulator values. Integer sums/products go through uint64 so that overflow
 // wraps (defined behaviour) exactly as XLA's two's-complement all-reduce does.
 template <ReduceOp Op, typename A>
@@ -165,10 +171,20 @@ GPUEXT_HD A Combine(A a, A b) {
     if constexpr (kFloat) return a * b;
     else return static_cast<A>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
   } else if constexpr (Op == ReduceOp::kMax) {
-    if constexpr (kFloat) { if (IsNan(a)) return a; if (IsNan(b)) return b; }
+    // IEEE 754-2019 maximum: NaN wins, and -0 < +0 (so the answer does not depend on rank order;
+    // a plain a < b ? b : a kept whichever zero came first). jnp.maximum agrees.
+    if constexpr (kFloat) {
+      if (IsNan(a)) return a;
+      if (IsNan(b)) return b;
+      if (a == b) return SignBit(a) ? b : a;
+    }
     return a < b ? b : a;
   } else if constexpr (Op == ReduceOp::kMin) {
-    if constexpr (kFloat) { if (IsNan(a)) return a; if (IsNan(b)) return b; }
+    if constexpr (kFloat) {
+      if (IsNan(a)) return a;
+      if (IsNan(b)) return b;
+      if (a == b) return SignBit(a) ? a : b;
+    }
     return b < a ? b : a;
   } else if constexpr (Op == ReduceOp::kAnd) {
     return static_cast<A>((a != 0) && (b != 0));

@@ -30,8 +30,11 @@ inline std::optional<DType> ToDType(ffi::DataType t) {
 }
 
 // Backstop for callers that reach the custom call directly; Python validated already.
-// The largest timeout a handler accepts (jax_gpuext/collectives.py refuses >= 1e6 s too): an
-// infinite or NaN one would let a missing peer hang the process instead of failing the call.
+// The timeouts a handler accepts, the range jax_gpuext/collectives.py checks at trace time
+// (TIMEOUT_RANGE_S): an infinite or NaN one would let a missing peer hang the process instead of
+// failing the call; one below a millisecond fails healthy calls whose peers are merely being
+// scheduled (1e-46 s even reached the handler as 0 after rounding to float32).
+inline constexpr float kMinTimeoutS = 1e-3f;
 inline constexpr float kMaxTimeoutS = 1e6f;
 
 inline ffi::Error CheckCommon(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer>& out, int32_t op, float timeout_s) {
@@ -46,9 +49,9 @@ inline ffi::Error CheckCommon(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer>& out
   const int64_t bytes = int64_t(x.element_count()) * ByteWidth(*ToDType(x.element_type()));
   if (ffi::Error e = CheckHolds(x, "operand", bytes); e.failure()) return e;
   if (ffi::Error e = CheckHolds(*out, "result", bytes); e.failure()) return e;
-  GPUEXT_FFI_CHECK(timeout_s > 0 && timeout_s <= kMaxTimeoutS,
-                   "timeout_s must be in (0, " + std::to_string(kMaxTimeoutS) + "] seconds, got " +
-                       std::to_string(timeout_s));
+  GPUEXT_FFI_CHECK(timeout_s >= kMinTimeoutS && timeout_s <= kMaxTimeoutS,
+                   "timeout_s must be in [" + std::to_string(kMinTimeoutS) + ", " + std::to_string(kMaxTimeoutS) +
+                       "] seconds, got " + std::to_string(timeout_s));
   return ffi::Error::Success();
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "csrc/formats/block_scaled.h"
 #include "ffi/common/ffi_util.h"
@@ -53,26 +54,36 @@ inline ffi::ErrorOr<BlockScaledGeometry> GeometryOf(int32_t format, int64_t axis
   if (axis >= 0 || axis < -rank) return fail("axis " + std::to_string(axis) + " must be negative and within rank");
   const int64_t ax = rank + axis;
   int64_t outer = 1;
+  // The scale buffer's full shape (jax_gpuext.formats.scale_shape), and how many leading dims of
+  // `dims` the per-tensor values (FP8_TENSOR's scale, the global scale) may span. Every dim is
+  // compared, not only the element count: a permuted scale shape holds as many entries, and the
+  // kernels would read its blocks in the wrong order (issue 26).
+  std::vector<int64_t> scale_dims(dims.begin(), dims.end());
+  int64_t outer_rank = 0;
   if (g.per_tensor()) {
     // The scale's dimensions are the leading (vmap batch) dimensions: one tensor each.
-    const int64_t batch_rank = int64_t(scale.dimensions().size());
-    if (batch_rank > rank) return fail("FP8_TENSOR scale has more dimensions than the data");
-    for (int64_t d = 0; d < batch_rank; ++d) outer *= dims[d];
+    outer_rank = int64_t(scale.dimensions().size());
+    if (outer_rank > rank) return fail("FP8_TENSOR scale has more dimensions than the data");
+    scale_dims.resize(outer_rank);
     g.k = 1;
-    for (int64_t d = batch_rank; d < rank; ++d) g.k *= dims[d];
+    for (int64_t d = outer_rank; d < rank; ++d) g.k *= dims[d];
     g.block = g.k > 0 ? g.k : 1;
   } else if (g.two_d()) {
     if (rank < 2 || axis != -1) return fail("FP8_128x128 needs rank >= 2 and axis -1");
-    for (int64_t d = 0; d < rank - 2; ++d) outer *= dims[d];
+    outer_rank = rank - 2;
     g.k = dims[rank - 2];
     g.cols = dims[rank - 1];
+    scale_dims[rank - 2] = (g.k + 127) / 128;
+    scale_dims[rank - 1] = (g.cols + 127) / 128;
   } else {
-    for (int64_t d = 0; d < ax; ++d) outer *= dims[d];
+    outer_rank = ax;
     g.k = dims[ax];
     g.inner = 1;
     for (int64_t d = ax + 1; d < rank; ++d) g.inner *= dims[d];
     g.block = format == kNvfp4 ? 16 : (format == kFp8Blockwise1x128 ? 128 : 32);
+    scale_dims[ax] = (g.k + g.block - 1) / g.block;
   }
+  for (int64_t d = 0; d < outer_rank; ++d) outer *= dims[d];
   g.outer = outer;
   if (data.element_type() != ElementTypeOf(format))
     return fail(std::string("element buffer has dtype ") + DataTypeName(data.element_type()) + ", expected " +
@@ -90,17 +101,25 @@ inline ffi::ErrorOr<BlockScaledGeometry> GeometryOf(int32_t format, int64_t axis
   if (ffi::Error e = CheckHolds(data, "element buffer", data_bytes); e.failure())
     return ffi::Unexpected<ffi::Error>(std::move(e));
   const int64_t blocks = g.two_d() ? outer * g.blocks_along() * g.block_cols() : outer * g.blocks_along() * g.inner;
-  if (ElementCount(scale.dimensions()) != blocks)
-    return fail("scale buffer has " + std::to_string(ElementCount(scale.dimensions())) + " entries, expected " +
-                std::to_string(blocks));
+  if (!(scale.dimensions() == ffi::Span<const int64_t>(scale_dims.data(), scale_dims.size())) ||
+      ElementCount(scale.dimensions()) != blocks)
+    return fail("scale buffer has shape " + DimsString(scale.dimensions()) + ", expected " +
+                DimsString(ffi::Span<const int64_t>(scale_dims.data(), scale_dims.size())) + " for " + dims_name +
+                " " + DimsString(dims) + " (axis " + std::to_string(axis) + ")");
   if (ffi::Error e = CheckHolds(scale, "scale buffer", blocks * PackedByteSize(scale.element_type(), 1));
       e.failure())
     return ffi::Unexpected<ffi::Error>(std::move(e));
   if (global_scale.element_type() != ffi::DataType::F32) return fail("global scale must be float32");
-  g.global_count = ElementCount(global_scale.dimensions());
-  if (g.global_count <= 0 || outer % g.global_count != 0)
-    return fail("global scale of " + std::to_string(g.global_count) + " values does not divide " +
-                std::to_string(outer) + " leading rows");
+  // One value per index of the leading dims it spans (a scalar, or vmap's batch dims): the kernels
+  // give row r the value r / (outer / count), which is that index only when its dims are a prefix.
+  const auto gd = global_scale.dimensions();
+  bool prefix = int64_t(gd.size()) <= outer_rank;
+  for (size_t d = 0; prefix && d < gd.size(); ++d) prefix = gd[d] == dims[d];
+  g.global_count = ElementCount(gd);
+  if (!prefix || g.global_count <= 0 || outer % g.global_count != 0)
+    return fail("global scale has shape " + DimsString(gd) + ": it must be a scalar or the leading dims of " +
+                dims_name + " " + DimsString(dims) + " before the blocked axes (at most " +
+                std::to_string(outer_rank) + " of them)");
   return g;
 }
 
@@ -119,7 +138,7 @@ inline ffi::ErrorOr<QuantizeArgs> DecodeQuantize(ffi::AnyBuffer x, ffi::AnyBuffe
         ffi::ErrorCode::kInvalidArgument, "scale_rounding " + std::to_string(scale_rounding) +
                                               " is not valid for format " + std::to_string(format)));
   a.scale_rounding = scale_rounding;
-  if (ffi::Error e = CheckHolds(x, "x", a.geo.elements() * int64_t(ffi::ByteWidth(x.element_type()))); e.failure())
+  if (ffi::Error e = CheckHolds(x, "x", PackedByteSize(x.element_type(), a.geo.elements())); e.failure())
     return ffi::Unexpected<ffi::Error>(std::move(e));
   a.x = x.untyped_data();
   a.global_scale = static_cast<const float*>(global_scale.untyped_data());
@@ -136,7 +155,7 @@ inline ffi::ErrorOr<DequantizeArgs> DecodeDequantize(ffi::AnyBuffer data, ffi::A
   GPUEXT_FFI_ASSIGN_OR_FORWARD(a.out_type, FloatTypeOf(y.element_type(), "output"));
   GPUEXT_FFI_ASSIGN_OR_FORWARD(
       a.geo, GeometryOf(format, axis, y.dimensions(), "output", data, scale, global_scale, fp4_packed));
-  if (ffi::Error e = CheckHolds(y, "output", a.geo.elements() * int64_t(ffi::ByteWidth(y.element_type()))); e.failure())
+  if (ffi::Error e = CheckHolds(y, "output", PackedByteSize(y.element_type(), a.geo.elements())); e.failure())
     return ffi::Unexpected<ffi::Error>(std::move(e));
   a.data = data.untyped_data();
   a.scale = scale.untyped_data();

@@ -16,15 +16,19 @@ inline ffi::Error ToFfiError(const Status& s) {
   return s.ok() ? ffi::Error::Success() : ffi::Error(ffi::ErrorCode::kInternal, s.message());
 }
 
-inline const char* DataTypeName(ffi::DataType t) {
+// The dtype in error messages. A code our headers do not name is printed as its number, so a
+// refusal still says what arrived.
+inline std::string DataTypeName(ffi::DataType t) {
   switch (t) {
     case ffi::DataType::PRED: return "bool";
+    case ffi::DataType::S1: return "int1";
     case ffi::DataType::S2: return "int2";
     case ffi::DataType::S4: return "int4";
     case ffi::DataType::S8: return "int8";
     case ffi::DataType::S16: return "int16";
     case ffi::DataType::S32: return "int32";
     case ffi::DataType::S64: return "int64";
+    case ffi::DataType::U1: return "uint1";
     case ffi::DataType::U2: return "uint2";
     case ffi::DataType::U4: return "uint4";
     case ffi::DataType::U8: return "uint8";
@@ -38,10 +42,18 @@ inline const char* DataTypeName(ffi::DataType t) {
     case ffi::DataType::C128: return "complex128";
     case ffi::DataType::BF16: return "bfloat16";
     case ffi::DataType::F8E5M2: return "float8_e5m2";
+    case ffi::DataType::F8E4M3: return "float8_e4m3";
     case ffi::DataType::F8E4M3FN: return "float8_e4m3fn";
+    case ffi::DataType::F8E4M3B11FNUZ: return "float8_e4m3b11fnuz";
+    case ffi::DataType::F8E5M2FNUZ: return "float8_e5m2fnuz";
+    case ffi::DataType::F8E4M3FNUZ: return "float8_e4m3fnuz";
+    case ffi::DataType::F8E3M4: return "float8_e3m4";
     case ffi::DataType::F4E2M1FN: return "float4_e2m1fn";
     case ffi::DataType::F8E8M0FNU: return "float8_e8m0fnu";
-    default: return "unsupported dtype";
+    case ffi::DataType::TOKEN: return "token";
+    // What XLA passes for a type its FFI cannot name (jaxlib 0.12 does so for float6_e2m3fn).
+    case ffi::DataType::INVALID: return "an element type the XLA FFI does not name (code 0, e.g. float6)";
+    default: return "dtype code " + std::to_string(static_cast<int>(t));
   }
 }
 
@@ -58,23 +70,47 @@ inline int64_t ElementCount(ffi::Span<const int64_t> dims) {
   return n;
 }
 
-// Bits one element of `t` occupies in an XLA buffer. XLA packs sub-byte types (1, 2 and 4
-// bits) densely on CPU and GPU (checked on CPU with jaxlib 0.10.2; docs/design.md, "Reliability"),
-// while ffi.h's ByteWidth -- and so AnyBuffer::size_bytes() -- in the 0.8.0 headers we build
-// against counts one byte each: size_bytes() overstates a sub-byte buffer up to 8 times.
+// Bits one element of `t` occupies in an XLA buffer, for the element types whose layout we know;
+// 0 for every other one. An explicit list, never ffi::ByteWidth: in the 0.8.0 headers we build
+// against ByteWidth counts one byte per sub-byte element while XLA packs them (4- and 2-bit types
+// two and four per byte; checked on CPU with jaxlib 0.10.2, docs/design.md "Reliability"), and it
+// says 0 bytes for a type the FFI cannot name (float6_e2m3fn / float6_e3m2fn arrive from jaxlib
+// 0.12 as INVALID): gpuext_place then copied nothing and returned uninitialised memory (issue 26),
+// and it has no case at all for codes newer than its enum. 1-bit types are left out: nothing tells
+// us how XLA lays them out.
 inline int64_t ElementBits(ffi::DataType t) {
   switch (t) {
-    case ffi::DataType::S1: case ffi::DataType::U1: return 1;
     case ffi::DataType::S2: case ffi::DataType::U2: return 2;
     case ffi::DataType::S4: case ffi::DataType::U4: case ffi::DataType::F4E2M1FN: return 4;
-    default: return 8 * static_cast<int64_t>(ffi::ByteWidth(t));
+    case ffi::DataType::PRED: case ffi::DataType::S8: case ffi::DataType::U8:
+    case ffi::DataType::F8E5M2: case ffi::DataType::F8E4M3: case ffi::DataType::F8E4M3FN:
+    case ffi::DataType::F8E4M3B11FNUZ: case ffi::DataType::F8E5M2FNUZ: case ffi::DataType::F8E4M3FNUZ:
+    case ffi::DataType::F8E3M4: case ffi::DataType::F8E8M0FNU:
+      return 8;
+    case ffi::DataType::S16: case ffi::DataType::U16: case ffi::DataType::F16: case ffi::DataType::BF16: return 16;
+    case ffi::DataType::S32: case ffi::DataType::U32: case ffi::DataType::F32: return 32;
+    case ffi::DataType::S64: case ffi::DataType::U64: case ffi::DataType::F64: case ffi::DataType::C64: return 64;
+    case ffi::DataType::C128: return 128;
+    default: return 0;  // unknown layout: CheckSized refuses the buffer
   }
 }
 
-// The bytes `count` elements of `t` occupy: ceil(count * bits / 8). Never more than the buffer
-// XLA allocated, whichever layout the running XLA uses (an XLA that stored one sub-byte value
-// per byte would allocate more), so every read or write bounded by it stays inside the buffer.
-// Every handler sizes copies and checks with this, never with size_bytes().
+// Every handler calls this on each buffer it reads or writes before sizing any access, so a
+// buffer of a type without a known layout is refused instead of copied with a made-up size.
+inline ffi::Error CheckSized(const ffi::AnyBuffer& b, const char* name) {
+  if (ElementBits(b.element_type()) > 0) return ffi::Error::Success();
+  return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                    std::string(name) + " has element type " + DataTypeName(b.element_type()) + DimsString(b.dimensions()) +
+                        ", whose size in an XLA buffer our handlers do not know; refused rather than read or "
+                        "written with a guessed size (supported: every 8/16/32/64/128-bit type and the packed "
+                        "2- and 4-bit types int2, uint2, int4, uint4, float4_e2m1fn)");
+}
+
+// The bytes `count` elements of `t` occupy: ceil(count * bits / 8); 0 for a type CheckSized
+// refuses. Never more than the buffer XLA allocated, whichever layout the running XLA uses (an XLA
+// that stored one sub-byte value per byte would allocate more), so every read or write bounded by
+// it stays inside the buffer. Every handler sizes copies and checks with this, never with
+// size_bytes().
 inline int64_t PackedByteSize(ffi::DataType t, int64_t count) { return (count * ElementBits(t) + 7) / 8; }
 
 inline int64_t PackedByteSize(const ffi::AnyBuffer& b) {
@@ -83,13 +119,14 @@ inline int64_t PackedByteSize(const ffi::AnyBuffer& b) {
 
 // "float4_e2m1fn[2, 32] (32 bytes)": a buffer in error messages.
 inline std::string BufferString(const ffi::AnyBuffer& b) {
-  return std::string(DataTypeName(b.element_type())) + DimsString(b.dimensions()) + " (" +
+  return DataTypeName(b.element_type()) + DimsString(b.dimensions()) + " (" +
          std::to_string(PackedByteSize(b)) + " bytes)";
 }
 
 // A buffer must hold the `need` bytes that sizes derived from attributes say will be accessed:
 // the backstop that keeps any attribute value from reading or writing past a buffer.
 inline ffi::Error CheckHolds(const ffi::AnyBuffer& b, const char* name, int64_t need) {
+  if (ffi::Error e = CheckSized(b, name); e.failure()) return e;
   if (need >= 0 && need <= PackedByteSize(b)) return ffi::Error::Success();
   return ffi::Error(ffi::ErrorCode::kInvalidArgument, std::string(name) + " is " + BufferString(b) +
                                                           ", the call would access " + std::to_string(need) +

@@ -22,9 +22,12 @@ constexpr int64_t kMaxCpuWorkspaceBytes = int64_t{1} << 32;
 // rank / color: int32 operands (lax.axis_index inside shard_map/pmap), because they differ
 // per device while attributes are the same for every device of the SPMD program. Under
 // vmap they arrive broadcast to the batch shape: every element holds the same value.
-ffi::Error AllReduceCpuImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> color,
-                            ffi::Result<ffi::AnyBuffer> out, int32_t op, int32_t algorithm,
-                            int64_t group_size, int64_t site, int64_t workspace_bytes, float timeout_s) {
+// run / device (XLA's RunId and device ordinal, given to CPU handlers by every jaxlib we support)
+// let the protocol tell two devices that claim one rank from one device calling in a loop.
+ffi::Error AllReduceCpuImpl(ffi::RunId run, int32_t device, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> rank,
+                            ffi::Buffer<ffi::S32> color, ffi::Result<ffi::AnyBuffer> out, int32_t op,
+                            int32_t algorithm, int64_t group_size, int64_t site, int64_t workspace_bytes,
+                            float timeout_s) {
   if (ffi::Error e = allreduce::CheckCommon(x, out, op, timeout_s); e.failure()) return e;
   GPUEXT_FFI_CHECK(rank.element_count() >= 1 && color.element_count() >= 1, "rank and color need a value");
   GPUEXT_FFI_CHECK(algorithm == static_cast<int32_t>(Algorithm::kOneShot) ||
@@ -56,6 +59,8 @@ ffi::Error AllReduceCpuImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> rank, ffi::B
   args.color = color.typed_data()[0];
   args.workspace_bytes = workspace_bytes;
   args.timeout_s = timeout_s;
+  args.run_id = run.run_id;
+  args.device = device;
   GPUEXT_FFI_CHECK(allreduce::ChunkElements(args.algorithm, args.group_size, workspace_bytes,
                                             allreduce::ByteWidth(args.dtype)) > 0,
                    "workspace_bytes " + std::to_string(workspace_bytes) + " cannot hold one element per rank");
@@ -71,6 +76,8 @@ ffi::Error AllReduceCpuImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> rank, ffi::B
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AllReduceCpuFfi, AllReduceCpuImpl,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::RunId>()
+                                  .Ctx<ffi::DeviceOrdinal>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()

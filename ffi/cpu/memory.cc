@@ -16,6 +16,9 @@ ffi::Error PlaceCpuImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out) {
   // XLA packs them, and copying size_bytes() wrote past int4 / float4 results (issue 15).
   GPUEXT_FFI_CHECK(x.dimensions() == out->dimensions(),
                    "operand is " + BufferString(x) + ", result is " + BufferString(*out));
+  // A type without a known layout (float6 from jaxlib 0.12) is refused: its size would be a guess,
+  // and copying a guessed size returned uninitialised memory (issue 26).
+  if (ffi::Error e = CheckSized(x, "operand"); e.failure()) return e;
   GPUEXT_FFI_RETURN_IF_ERROR(PlaceCopyHost(out->untyped_data(), x.untyped_data(), PackedByteSize(x)));
   return ffi::Error::Success();
 }

@@ -95,11 +95,16 @@ ffi::Error DescribeCall(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale, ffi::AnyBu
   p.out = out->untyped_data();
   // cuBLASLt wants a 256-byte aligned workspace; the buffer carries kWorkspaceSlack extra bytes
   // (dot_cublaslt.WORKSPACE_SLACK) so the aligned part always holds the size the plan assumed.
-  GPUEXT_FFI_CHECK(workspace->size_bytes() > kWorkspaceSlack,
-                   "workspace must exceed " + std::to_string(kWorkspaceSlack) + " bytes");
+  // PackedByteSize after CheckSized, never size_bytes(): a direct caller may type the workspace
+  // with a dtype whose size the headers do not know (ffi_util.h ElementBits).
+  if (ffi::Error e = CheckSized(*workspace, "workspace"); e.failure()) return e;
+  const int64_t workspace_bytes = PackedByteSize(*workspace);
+  GPUEXT_FFI_CHECK(workspace_bytes > static_cast<int64_t>(kWorkspaceSlack),
+                   "workspace must exceed " + std::to_string(kWorkspaceSlack) + " bytes, got " +
+                       BufferString(*workspace));
   const auto base = reinterpret_cast<uintptr_t>(workspace->untyped_data());
   p.workspace = reinterpret_cast<void*>((base + kWorkspaceSlack - 1) / kWorkspaceSlack * kWorkspaceSlack);
-  p.workspace_bytes = workspace->size_bytes() - kWorkspaceSlack;
+  p.workspace_bytes = static_cast<size_t>(workspace_bytes) - kWorkspaceSlack;
   return ffi::Error::Success();
 }
 

@@ -93,8 +93,11 @@ ffi::Error DescribeCall(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scale, ffi::AnyBu
   p.rhs_scale = rhs_scale.untyped_data();
   p.alpha = alpha.typed_data();
   p.out = out->untyped_data();
+  // PackedByteSize after CheckSized, never size_bytes(): a direct caller may type the workspace
+  // with a dtype whose size the headers do not know (ffi_util.h ElementBits).
+  if (ffi::Error e = CheckSized(*workspace, "workspace"); e.failure()) return e;
   p.workspace = workspace->untyped_data();
-  p.workspace_bytes = workspace->size_bytes();
+  p.workspace_bytes = static_cast<size_t>(PackedByteSize(*workspace));
   return ffi::Error::Success();
 }
 

@@ -93,8 +93,9 @@ ffi::Error DescribeCall(ffi::AnyBuffer lhs, ffi::Buffer<ffi::F32> lhs_scale, ffi
     if (ffi::Error e = CheckAligned(ptr, name); e.failure()) return e;
   }
   const size_t need = GroupedWorkspaceBytes(g) + kWorkspaceSlack;
-  GPUEXT_FFI_CHECK(workspace->size_bytes() >= need, "workspace holds " + std::to_string(workspace->size_bytes()) +
-                                                        " bytes, the call needs " + std::to_string(need));
+  // CheckHolds, never size_bytes(): it refuses a workspace typed with a dtype whose size the FFI
+  // headers do not know, which size_bytes() would count as 0 or garbage bytes (issue 26).
+  if (ffi::Error e = CheckHolds(*workspace, "workspace", static_cast<int64_t>(need)); e.failure()) return e;
   const auto base = reinterpret_cast<uintptr_t>(workspace->untyped_data());
   *workspace_base = reinterpret_cast<void*>((base + kWorkspaceSlack - 1) / kWorkspaceSlack * kWorkspaceSlack);
   return ffi::Error::Success();

@@ -70,8 +70,9 @@ ffi::Error RaggedDotHopperImpl(cudaStream_t stream, int32_t device, ffi::AnyBuff
   GPUEXT_FFI_CHECK(rsd[0] == p.groups && rsd[1] == (p.n + 127) / 128 && rsd[2] == p.k / 128,
                    "rhs scales must be (G, ceil(N/128), K/128), got " + DimsString(rsd) + " for rhs " + DimsString(rd));
   const size_t need = hg::WorkspaceBytes(p.m, p.groups) + kWorkspaceSlack;
-  GPUEXT_FFI_CHECK(workspace->size_bytes() >= need, "workspace holds " + std::to_string(workspace->size_bytes()) +
-                                                        " bytes, the call needs " + std::to_string(need));
+  // CheckHolds, never size_bytes(): it refuses a workspace typed with a dtype whose size the FFI
+  // headers do not know, which size_bytes() would count as 0 or garbage bytes (issue 26).
+  if (ffi::Error e = CheckHolds(*workspace, "workspace", static_cast<int64_t>(need)); e.failure()) return e;
   const auto base = reinterpret_cast<uintptr_t>(workspace->untyped_data());
   p.workspace = reinterpret_cast<void*>((base + kWorkspaceSlack - 1) / kWorkspaceSlack * kWorkspaceSlack);
   p.group_sizes = group_sizes.typed_data();

@@ -11,9 +11,15 @@ Backends of op ``"all_reduce"`` (``jax_gpuext.backends``), in preference order:
 - ``xla`` / ``reference``: ``lax.psum`` & co. What ``auto`` falls back to, visibly, wherever
   NVSHMEM cannot run.
 
-Numerics: contributions are combined in rank order; float16/bfloat16/float8 accumulate in
-float32 and are rounded once (the xla backend upcasts the same way); integers wrap; float
-max/min propagate NaN like ``jnp.max`` / ``jnp.min`` on every backend.
+Numerics (the same bits on every backend for exactly representable sums): contributions are
+combined in rank order; float16/bfloat16/float8 accumulate in float32 and are rounded once (the xla
+backend upcasts the same way); integers wrap; a float sum is -0.0 exactly when every contribution
+is -0.0 (IEEE addition without an injected +0); float max/min are IEEE 754-2019 maximum/minimum
+(NaN wins, -0.0 < +0.0) like ``jnp.maximum`` / ``jnp.minimum``.
+
+Axes bound by ``vmap`` are reduced over the batch dimension like ``lax.psum`` reduces them, on
+every backend; the kernels then run over the remaining device axes (none: no kernel at all), so a
+call never waits for peers that cannot exist.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import functools
 import itertools
 import logging
 import math
-import os
+import numbers
 import re
 
 import jax
@@ -31,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_gpuext.common import backends, gates
+from jax_gpuext.common import backends, env, gates
 from jax_gpuext.common import extension as _ext
 from jax_gpuext.common.errors import UnsupportedError, require_bool
 from jax_gpuext.common.gates import GateResult
@@ -53,6 +59,10 @@ TIMEOUT_ENV = "JAX_GPUEXT_ALLREDUCE_TIMEOUT_S"
 WORKSPACE_ENV = "JAX_GPUEXT_ALLREDUCE_WORKSPACE_BYTES"
 ONE_SHOT_MAX_ENV = "JAX_GPUEXT_ALLREDUCE_ONE_SHOT_MAX_BYTES"
 DEFAULT_TIMEOUT_S = 30.0
+# Accepted timeouts, at trace time and in the handlers (ffi/common/allreduce_attrs.h): finite and at
+# most 1e6 s, so a missing peer cannot hang a process; at least 1 ms, because below that healthy
+# calls fail while their peers are merely being scheduled (and 1e-46 rounded to 0 in float32).
+TIMEOUT_RANGE_S = (1e-3, 1e6)
 # CPU: per rank and per call site (the CPU heap is per site). GPU: the one symmetric
 # workspace that jax_gpuext.distributed.initialize allocates (its own default).
 DEFAULT_CPU_WORKSPACE_BYTES = 1 << 20
@@ -79,9 +89,9 @@ def one_shot_max_bytes(group_size: int) -> int:
     that is about 190 KB; we round to 256 KiB for 8 GPUs. ``JAX_GPUEXT_ALLREDUCE_ONE_SHOT_MAX_BYTES``
     overrides it (to be refitted from the GPU measurements).
     """
-    env = os.environ.get(ONE_SHOT_MAX_ENV)
-    if env:
-        return int(env)
+    override = env.get(ONE_SHOT_MAX_ENV)
+    if override is not None:
+        return override
     if group_size <= 2:  # two_shot saves nothing for two ranks: same bytes, one more step
         return 1 << 62
     alpha_s, bandwidth = 2.5e-6, 450e9
@@ -93,6 +103,7 @@ def one_shot_max_bytes(group_size: int) -> int:
 @dataclasses.dataclass(frozen=True)
 class _Config:
     axes: tuple
+    sizes: tuple  # the size of each axis in ``axes``
     op: str
     backend: str  # the chosen backend's name
     timeout_s: float
@@ -104,7 +115,7 @@ class _Config:
 
 
 def _default_timeout() -> float:
-    return float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
+    return env.get(TIMEOUT_ENV)  # DEFAULT_TIMEOUT_S when unset; range-checked there
 
 
 def _workspace_bytes(platform: str) -> int:
@@ -112,7 +123,12 @@ def _workspace_bytes(platform: str) -> int:
         from jax_gpuext.collectives import distributed
 
         return distributed.workspace_bytes()
-    return int(os.environ.get(WORKSPACE_ENV, DEFAULT_CPU_WORKSPACE_BYTES))
+    value = env.get(WORKSPACE_ENV)
+    return DEFAULT_CPU_WORKSPACE_BYTES if value is None else value
+
+
+def _graph_safe(environ=None) -> bool:
+    return env.get(GRAPH_SAFE_ENV, environ)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,10 +158,12 @@ def command_buffer_ordering(env=None) -> GateResult:
     with no data dependency between them may interleave. LHS (the default) and SERIALIZE keep the
     schedule's order. Read from XLA_FLAGS at trace time; a per-jit ``compiler_options`` value is
     not visible here (docs/design.md)."""
-    env = os.environ if env is None else env
-    if env.get(GRAPH_SAFE_ENV, "0") in ("", "0"):
+    import os
+
+    environ = os.environ if env is None else env
+    if not _graph_safe(environ):
         return GateResult(True, "the checked target is not captured into command buffers: calls run in order")
-    modes = _SCHEDULING_MODE_FLAG.findall(env.get("XLA_FLAGS", ""))
+    modes = _SCHEDULING_MODE_FLAG.findall(environ.get("XLA_FLAGS", ""))
     mode = modes[-1].upper() if modes else "LHS (default)"
     if mode == "CONCURRENT":
         return GateResult(False, "XLA_FLAGS sets --xla_gpu_command_buffer_scheduling_mode=CONCURRENT with "
@@ -257,14 +275,19 @@ def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto", timeou
     """Reduces ``x`` over the mapped axis ``axis_name`` (inside ``shard_map`` or ``pmap``).
 
     Same result as ``lax.psum`` (``op="sum"``), ``lax.pmax``, ``lax.pmin``; ``"prod"``
-    multiplies; ``"and"`` / ``"or"`` reduce bool arrays. Differentiable like ``psum``.
+    multiplies; ``"and"`` / ``"or"`` reduce bool arrays. Differentiable like ``psum``. Signed
+    zeros and NaN are defined on every backend: a float sum is -0.0 only when every contribution
+    is -0.0; max/min are IEEE 754-2019 maximum/minimum (NaN wins, -0.0 < +0.0).
+
+    ``axis_name`` may name ``vmap`` axes too (alone or with device axes, as ``psum`` allows): they are
+    reduced over the batch dimension, and the kernels run over the device axes that remain.
 
     ``algorithm``: ``"auto"`` (one_shot or two_shot by size where NVSHMEM runs, else XLA's
     collective, logged and shown by :func:`jax_gpuext.explain`), ``"one_shot"``, ``"two_shot"``,
     ``"nvshmem_library"``, ``"xla"``. ``timeout_s``: how long a device waits for its peers before
-    the call fails with an error naming the missing ones (default ``$JAX_GPUEXT_ALLREDUCE_TIMEOUT_S``
-    or 30 s). The result is typed as varying over ``axis_name`` (use ``check_vma=False`` with
-    ``out_specs`` that replicate it).
+    the call fails with an error naming the missing ones: a Python or NumPy real number of seconds
+    in [1e-3, 1e6] (default ``$JAX_GPUEXT_ALLREDUCE_TIMEOUT_S`` or 30 s). The result is typed as
+    varying over ``axis_name`` (use ``check_vma=False`` with ``out_specs`` that replicate it).
 
     ``operand_spaces`` / ``result_spaces``: ``{0: MemorySpace.COLLECTIVE}`` (or TEMP) places ``x`` /
     the result in that XLA memory space (docs/memory_spaces.md); index 0 is the only one. They
@@ -279,9 +302,7 @@ def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto", timeou
         raise ValueError(f"all_reduce: op must be one of {sorted(OPS)}, got {op!r}")
     if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
         raise ValueError(f"all_reduce: algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-    timeout = _default_timeout() if timeout_s is None else timeout_s
-    if not isinstance(timeout, (int, float)) or not (0 < float(timeout) < 1e6):
-        raise ValueError(f"all_reduce: timeout_s must be a positive number of seconds, got {timeout_s!r}")
+    timeout = _check_timeout(timeout_s)
     x = jnp.asarray(x)
     dtype = x.dtype
     if dtype not in SUPPORTED_DTYPES:
@@ -294,7 +315,8 @@ def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto", timeou
         raise TypeError(f"all_reduce: op {op!r} needs a bool operand, got {dtype}")
     require_bool(strict_spaces, "all_reduce", "strict_spaces")
     spaces = [_spaces_tuple(operand_spaces, "operand"), _spaces_tuple(result_spaces, "result")]
-    group_size = _axis_size(axes)
+    sizes = tuple(_axis_size((a,)) for a in axes)
+    group_size = math.prod(sizes)
 
     platform = backends.current_platform()
     problem = Problem(platform, dtype, op, int(x.size) * dtype.itemsize, group_size, algorithm == "auto")
@@ -306,10 +328,34 @@ def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto", timeou
         backends.note(sel, why)
         logger.warning("all_reduce: %s", why)
         spaces = [(), ()]
-    cfg = _Config(axes, op, sel.chosen, float(timeout), *spaces, bool(strict_spaces))
+    if sel.chosen not in ("xla", backends.REFERENCE):
+        backends.note(sel, "axes bound by vmap, if any, are reduced over the batch dimension (as lax.psum "
+                           "does); the kernel runs over the device axes that remain")
+    cfg = _Config(axes, sizes, op, sel.chosen, timeout, *spaces, bool(strict_spaces))
+    # This device's index over `axes` and its group among the other mesh axes, computed here, where
+    # every axis name is bound: JAX does not bind vmap's axis names inside a custom_jvp rule that it
+    # batches (batch_custom_jvp_subtrace), so the rule below must not need them.
+    rank = lax.axis_index(axes).astype(jnp.int32)
+    color = _group_color(axes)
     if jnp.issubdtype(dtype, jnp.inexact):
-        return _all_reduce_diff(x, cfg)
-    return _all_reduce_impl(x, cfg)
+        return _all_reduce_diff(x, rank, color, cfg)
+    return _all_reduce_impl(x, rank, color, cfg)
+
+
+def _check_timeout(timeout_s) -> float:
+    """``timeout_s`` (None: the environment's default) as float seconds in TIMEOUT_RANGE_S. Python
+    and NumPy real scalars are accepted; bools (True is not "1 s"), arrays and tracers are not."""
+    if timeout_s is None:
+        return float(_default_timeout())
+    lo, hi = TIMEOUT_RANGE_S
+    if isinstance(timeout_s, (bool, np.bool_)) or not isinstance(timeout_s, numbers.Real):
+        raise TypeError(f"all_reduce: timeout_s must be a Python or NumPy real number of seconds, got "
+                        f"{type(timeout_s).__name__} {timeout_s!r} (it is a compile-time attribute: arrays and "
+                        "traced values are refused)")
+    t = float(timeout_s)
+    if not lo <= t <= hi:  # (NaN fails both comparisons)
+        raise ValueError(f"all_reduce: timeout_s must be between {lo:g} and {hi:g} seconds, got {timeout_s!r}")
+    return t
 
 
 def _spaces_tuple(spaces, what: str) -> tuple:
@@ -348,33 +394,32 @@ def _axis_size(axes: tuple) -> int:
 
 
 # --------------------------------------------------------------------------- differentiation
-@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
-def _all_reduce_diff(x, cfg: _Config):
-    return _all_reduce_impl(x, cfg)
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
+def _all_reduce_diff(x, rank, color, cfg: _Config):
+    return _all_reduce_impl(x, rank, color, cfg)
 
 
 @_all_reduce_diff.defjvp
 def _all_reduce_jvp(cfg: _Config, primals, tangents):
     # The primal runs our kernel; the tangent uses XLA's collectives, which JAX knows how to
     # transpose, so reverse mode works like psum's (psum transposes to psum).
-    (x,), (t,) = primals, tangents
-    y = _all_reduce_impl(x, cfg)
-    t_out = _like_vma(_all_reduce_tangent(x, y, t, cfg), y)
+    (x, rank, color), (t, _, _) = primals, tangents
+    y = _all_reduce_impl(x, rank, color, cfg)
+    t_out = _like_vma(_all_reduce_tangent(x, y, t, rank, cfg), y)
     return _like_mesh(y, t_out), t_out
 
 
-def _all_reduce_tangent(x, y, t, cfg: _Config):
+def _all_reduce_tangent(x, y, t, rank, cfg: _Config):
     if cfg.op == "sum":
-        return _xla_reduce(t, cfg.axes, "sum")
+        return lax.psum(t, cfg.axes)
     if cfg.op in ("max", "min"):  # like jnp.max: ties share the gradient evenly
         hit = (x == y).astype(t.dtype)
-        return _xla_reduce(t * hit, cfg.axes, "sum") / _xla_reduce(hit, cfg.axes, "sum")
+        return lax.psum(t * hit, cfg.axes) / lax.psum(hit, cfg.axes)
     # prod: d(prod_i x_i) = sum_i t_i * prod_{j != i} x_j, without dividing by x_i (zeros)
     gathered = lax.all_gather(x, cfg.axes)
-    me = lax.axis_index(cfg.axes)
-    mask = (jnp.arange(gathered.shape[0]) == me).reshape((-1,) + (1,) * x.ndim)
+    mask = (jnp.arange(gathered.shape[0]) == rank).reshape((-1,) + (1,) * x.ndim)
     others = jnp.prod(jnp.where(mask, jnp.ones_like(gathered), gathered), axis=0)
-    return _xla_reduce(t * others, cfg.axes, "sum")
+    return lax.psum(t * others, cfg.axes)
 
 
 def _like_mesh(y, like):
@@ -405,40 +450,69 @@ def _like_vma(t, like):
 
 
 # --------------------------------------------------------------------------- implementations
-def _all_reduce_impl(x, cfg: _Config):
+def _all_reduce_impl(x, rank, color, cfg: _Config):
     if cfg.backend in ("xla", backends.REFERENCE):
         return _xla_reduce(x, cfg.axes, cfg.op)
     if x.size == 0:
         return x
-    return _ffi_all_reduce(x, cfg)
+    return _ffi_all_reduce(x, rank, color, cfg)
 
 
 def _xla_reduce(x, axes, op):
-    """XLA's collective with our numerics: narrow floats accumulate in float32."""
+    """XLA's collective with our numerics: narrow floats accumulate in float32, signed zeros and
+    NaN as the kernels define them (module docstring). ``axes`` may include vmap axes, which JAX
+    reduces over the batch dimension."""
     dtype = x.dtype
     if dtype.name in _NARROW_FLOATS:
         return _xla_reduce(x.astype(jnp.float32), axes, op).astype(dtype)
     if dtype == np.dtype(bool):
         u = x.astype(jnp.uint8)
         return (lax.pmax(u, axes) if op in ("or", "max") else lax.pmin(u, axes)).astype(bool)
+    floating = jnp.issubdtype(dtype, jnp.floating)
     if op == "sum":
-        return lax.psum(x, axes)
-    if op == "max":
-        return _nan_wins(x, axes, lax.pmax(x, axes))
-    if op == "min":
-        return _nan_wins(x, axes, lax.pmin(x, axes))
+        return _signed_zero_sum(x, axes) if floating else lax.psum(x, axes)
+    if op in ("max", "min"):
+        if not floating:
+            return lax.pmax(x, axes) if op == "max" else lax.pmin(x, axes)
+        key = _order_key(x, nan_wins=op)
+        return _from_order_key(lax.pmax(key, axes) if op == "max" else lax.pmin(key, axes), dtype)
     return _rank_order_prod(lax.all_gather(x, axes))
 
 
-def _nan_wins(x, axes, reduced):
-    """max/min propagate NaN as jnp.max / jnp.min do and as our kernels do (reduce_ops.h
-    Combine): a NaN on any rank makes that element NaN. XLA's pmax/pmin do not promise it (on
-    CPU they drop a NaN), which would hide a NaN from an amax or a norm and silently break FP8
-    scaling; one extra collective of a byte per element makes the fallback agree."""
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        return reduced
-    any_nan = lax.pmax(jnp.isnan(x).astype(jnp.uint8), axes) > 0
-    return jnp.where(any_nan, jnp.array(jnp.nan, x.dtype), reduced)
+def _signed_zero_sum(x, axes):
+    """``lax.psum`` that is -0.0 exactly where every contribution is -0.0, as the kernels' sum
+    (IEEE additions starting from the first contribution) is. XLA:CPU starts its all-reduce from
+    +0.0 (so it always returned +0.0 there) and skips it for a group of one (which kept -0.0); one
+    more collective of a byte per element makes every backend and
+    every group size agree (a pmin: it needs no group size, which a batched custom_jvp rule
+    cannot ask for)."""
+    total = lax.psum(x, axes)
+    all_negative = lax.pmin(((x == 0) & jnp.signbit(x)).astype(jnp.uint8), axes) > 0
+    return jnp.where(all_negative, jnp.array(-0.0, x.dtype), total)
+
+
+_KEY_TYPES = {np.dtype(np.float32): (np.int32, 0x7FFFFFFF, 0x7FC00000, -0x00400000),
+              np.dtype(np.float64): (np.int64, 0x7FFFFFFFFFFFFFFF, 0x7FF8000000000000, -0x0008000000000000)}
+
+
+def _order_key(x, nan_wins: str):
+    """Integers that order like the floats ``x`` under IEEE 754-2019 maximum/minimum: -0.0 < +0.0,
+    and NaN (any payload) made the largest key for "max" and the smallest for "min", so that one
+    integer pmax/pmin propagates NaN and orders signed zeros whatever XLA's float max/min do with
+    them (XLA:CPU's pmax keeps the first rank's zero and drops a NaN)."""
+    itype, magnitude, pos_nan, neg_nan = _KEY_TYPES[np.dtype(x.dtype)]
+    bits = lax.bitcast_convert_type(x, itype)
+    nan = jnp.array(pos_nan if nan_wins == "max" else neg_nan, itype)
+    bits = jnp.where(jnp.isnan(x), nan, bits)
+    # Sign-magnitude -> two's complement order: negative floats count down from -1 (that is -0.0).
+    return jnp.where(bits < 0, bits ^ jnp.array(magnitude, itype), bits)
+
+
+def _from_order_key(key, dtype):
+    itype, magnitude, _, _ = _KEY_TYPES[np.dtype(dtype)]
+    bits = jnp.where(key < 0, key ^ jnp.array(magnitude, itype), key)
+    value = lax.bitcast_convert_type(bits, dtype)
+    return jnp.where(jnp.isnan(value), jnp.array(jnp.nan, dtype), value)  # one NaN, as jnp.nan
 
 
 def _rank_order_prod(g):
@@ -466,44 +540,122 @@ def _group_color(axes: tuple):
     return lax.axis_index(others).astype(jnp.int32)
 
 
-def _ffi_all_reduce(x, cfg: _Config):
+def _ffi_all_reduce(x, rank, color, cfg: _Config):
     platform = backends.current_platform()
     if platform == "cuda":
         from jax_gpuext.collectives import distributed
 
         distributed.ensure_initialized()  # lazy: first use bootstraps NVSHMEM and registers _nvshmem
-    rank = lax.axis_index(cfg.axes).astype(jnp.int32)
     attrs = dict(
         op=np.int32(OPS[cfg.op]),
         algorithm=np.int32(ALGORITHM_CODES[cfg.backend]),
-        group_size=np.int64(_axis_size(cfg.axes)),
+        group_size=np.int64(math.prod(cfg.sizes)),
         site=np.int64(next(_sites)),
         workspace_bytes=np.int64(_workspace_bytes(platform)),
         timeout_s=np.float32(cfg.timeout_s),
     )
-    return _lower(x, rank, _group_color(cfg.axes), attrs, cfg)
+    # No host check per call on the graph-safe target: timeouts surface via distributed.check_status().
+    target = GRAPH_TARGET if platform == "cuda" and _graph_safe() else TARGET
+    if cfg.operand_spaces or cfg.result_spaces:
+        # The memory-space gate is a trace-time decision (docs/design.md "Memory spaces"); the
+        # custom call itself is emitted at lowering time, by _emit.
+        from jax_gpuext.memory import spaces as memory
+
+        ops, res = (memory._drop_default(dict(sp)) for sp in (cfg.operand_spaces, cfg.result_spaces))
+        if not memory._gate_allows(OP, ops, res, cfg.strict_spaces, None):
+            cfg = dataclasses.replace(cfg, operand_spaces=(), result_spaces=())
+    _ext.ensure_all_registered()
+    return _kernel_primitive().bind(x, rank, color, cfg=cfg, target=target, attrs=tuple(sorted(attrs.items())))
 
 
-def _lower(x, rank, color, attrs, cfg: _Config):
+# --------------------------------------------------------------------------- the kernel primitive
+# The kernels are bound through a primitive of our own so that its batching rule learns which axis
+# vmap batches (jax.ffi.ffi_call's cannot): an axis of the reduction that vmap binds has no peers
+# to wait for -- the kernels would wait out the timeout for devices that do not exist and leave
+# the call site's group failed (issue 26) -- so it is reduced over the batch dimension here, like
+# lax.psum reduces it, and the kernel runs over the device axes that remain.
+@functools.cache
+def _kernel_primitive():
+    from jax.extend.core import Primitive
+    from jax.interpreters import batching, mlir
+
+    p = Primitive("gpuext_all_reduce")
+    p.def_impl(lambda *args, **params: jax.jit(lambda *a: p.bind(*a, **params))(*args))
+    # The result has x's type (shape, dtype, mesh, varying axes): "typed as varying" (docstring).
+    p.def_abstract_eval(lambda x, rank, color, **_: x.update(weak_type=False))
+    mlir.register_lowering(p, mlir.lower_fun(_emit, multiple_results=False))
+    batching.fancy_primitive_batchers[p] = functools.partial(_batch_kernel, p)
+    return p
+
+
+def _emit(x, rank, color, *, cfg: _Config, target: str, attrs: tuple):
     """The one place that emits the custom call; memory spaces go through jax_gpuext.memory."""
     # No has_side_effect: every device runs the same program, so if XLA drops an unused call
     # it drops it everywhere, and the unique `site` attribute keeps two calls from being
     # merged (CSE). A side effect would also make JAX hold runtime tokens that re-raise a
     # timed-out call's error at every later effects barrier.
-    # broadcast_all under vmap: the op is elementwise across devices, so a batch is just a
-    # bigger message; rank/color are broadcast with every element equal.
-    _ext.ensure_all_registered()
-    target = TARGET
-    if backends.current_platform() == "cuda" and os.environ.get(GRAPH_SAFE_ENV, "0") not in ("", "0"):
-        target = GRAPH_TARGET  # no host check per call: timeouts surface via distributed.check_status()
     result = jax.ShapeDtypeStruct(x.shape, x.dtype)
     if cfg.operand_spaces or cfg.result_spaces:
         from jax_gpuext.memory import spaces as memory
 
         return memory.ffi_call(target, result, x, rank, color, operand_spaces=dict(cfg.operand_spaces),
                                result_spaces=dict(cfg.result_spaces), strict=cfg.strict_spaces,
-                               vmap_method="broadcast_all", caller=OP, **attrs)
-    return jax.ffi.ffi_call(target, result, vmap_method="broadcast_all")(x, rank, color, **attrs)
+                               vmap_method="broadcast_all", caller=OP, **dict(attrs))
+    return jax.ffi.ffi_call(target, result, vmap_method="broadcast_all")(x, rank, color, **dict(attrs))
+
+
+def _batch_kernel(p, axis_data, args, dims, *, cfg: _Config, target: str, attrs: tuple):
+    x, rank, color = args
+    dx, drank, dcolor = dims
+    size = axis_data.size
+    if axis_data.name not in cfg.axes:
+        # vmap over another axis: the batch is more data, every entry reduced over the same devices
+        # (rank and color do not depend on this axis; take entry 0 if they arrive batched anyway).
+        if dx is None:
+            return p.bind(x, rank, color, cfg=cfg, target=target, attrs=attrs), None
+        x = jnp.moveaxis(x, dx, 0)
+        rank = rank if drank is None else jnp.take(rank, 0, axis=drank)
+        color = color if dcolor is None else jnp.take(color, 0, axis=dcolor)
+        return p.bind(x, rank, color, cfg=cfg, target=target, attrs=attrs), 0
+    # vmap binds one of the reduced axes: reduce it over the batch dimension, then the kernel over
+    # the rest. Narrow floats stay in float32 in between, so they are rounded once, as on xla.
+    xb = jnp.moveaxis(x, dx, 0) if dx is not None else jnp.broadcast_to(x, (size,) + x.shape)
+    narrow = xb.dtype.name in _NARROW_FLOATS
+    local = _xla_reduce_batch(xb.astype(jnp.float32) if narrow else xb, cfg.op)
+    pos = cfg.axes.index(axis_data.name)
+    rest = cfg.axes[:pos] + cfg.axes[pos + 1:]
+    if rest:
+        # rank = row-major index over cfg.axes; the same index over `rest` drops this axis's digit
+        # (read at batch entry 0, where it is zero).
+        inner = math.prod(cfg.sizes[pos + 1:])
+        r0 = rank if drank is None else jnp.take(rank, 0, axis=drank)
+        rank_rest = (r0 // (size * inner)) * inner + r0 % inner
+        color = color if dcolor is None else jnp.take(color, 0, axis=dcolor)
+        sub = dataclasses.replace(cfg, axes=rest, sizes=cfg.sizes[:pos] + cfg.sizes[pos + 1:])
+        sub_attrs = tuple((k, np.int64(math.prod(sub.sizes)) if k == "group_size" else v) for k, v in attrs)
+        local = p.bind(local, rank_rest, color, cfg=sub, target=target, attrs=sub_attrs) if local.size else local
+    return (local.astype(xb.dtype) if narrow else local), None
+
+
+def _xla_reduce_batch(xb, op):
+    """The reduction over axis 0 (a vmap batch) with the numerics of _xla_reduce: what lax.psum & co.
+    do for an axis bound by vmap, with our signed-zero, NaN and rank-order rules."""
+    if xb.dtype == np.dtype(bool):
+        return jnp.any(xb, axis=0) if op in ("or", "max") else jnp.all(xb, axis=0)
+    floating = jnp.issubdtype(xb.dtype, jnp.floating)
+    if op == "sum":
+        total = jnp.sum(xb, axis=0, dtype=xb.dtype)
+        if not floating:
+            return total
+        all_negative = jnp.all((xb == 0) & jnp.signbit(xb), axis=0)
+        return jnp.where(all_negative, jnp.array(-0.0, xb.dtype), total)
+    if op in ("max", "min"):
+        if not floating:
+            return jnp.max(xb, axis=0) if op == "max" else jnp.min(xb, axis=0)
+        key = _order_key(xb, nan_wins=op)
+        return _from_order_key(jnp.max(key, axis=0) if op == "max" else jnp.min(key, axis=0), xb.dtype)
+    # prod: XLA's reduce from 1, which is exact (1 * v == v for every v, -0.0 included); integers wrap
+    return jnp.prod(xb, axis=0, dtype=xb.dtype)
 
 
 # --------------------------------------------------------------------------- demo

@@ -23,12 +23,14 @@ import logging
 import os
 import threading
 
+from jax_gpuext.common import env
 from jax_gpuext.common import extension as _ext
 from jax_gpuext.common.errors import UnsupportedError
 
 logger = logging.getLogger("jax_gpuext")
 
 WORKSPACE_ENV = "JAX_GPUEXT_ALLREDUCE_WORKSPACE_BYTES"
+FINALIZE_ENV = "JAX_GPUEXT_NVSHMEM_FINALIZE"
 DEFAULT_GPU_WORKSPACE_BYTES = 32 << 20  # per PE; messages above it run in chunks
 # (nvshmem_library stages through a second symmetric region of the same size)
 UID_KEY = "jax_gpuext/nvshmem_uniqueid"
@@ -61,7 +63,12 @@ def workspace_bytes() -> int:
     """The symmetric workspace per PE: the initialized value, else what initialize would use."""
     if _info is not None:
         return _info.workspace_bytes
-    return int(os.environ.get(WORKSPACE_ENV, DEFAULT_GPU_WORKSPACE_BYTES))
+    return _configured_workspace_bytes()
+
+
+def _configured_workspace_bytes() -> int:
+    value = env.get(WORKSPACE_ENV)
+    return DEFAULT_GPU_WORKSPACE_BYTES if value is None else value
 
 
 def is_initialized() -> bool:
@@ -115,8 +122,7 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
         else:
             uid = _exchange_uniqueid(mod, rank, n)
             mod.initialize(rank, n, uid, device)  # raises RuntimeError naming the NVSHMEM call
-        ws = workspace_bytes if workspace_bytes is not None else int(
-            os.environ.get(WORKSPACE_ENV, DEFAULT_GPU_WORKSPACE_BYTES))
+        ws = workspace_bytes if workspace_bytes is not None else _configured_workspace_bytes()
         if ws < 4096:
             raise ValueError(f"workspace_bytes must be at least 4096, got {ws}")
         mod.allocate_workspace(ws)  # collective nvshmem_malloc: every PE must call it
@@ -168,7 +174,7 @@ def shutdown() -> None:
         if _info is None:
             return
         mod, _ = _ext.load_nvshmem()
-        if os.environ.get("JAX_GPUEXT_NVSHMEM_FINALIZE", "1") != "0" and mod is not None:
+        if env.get(FINALIZE_ENV) and mod is not None:
             mod.free_workspace()
             if not _info.external:
                 mod.finalize()

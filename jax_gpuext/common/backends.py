@@ -21,10 +21,9 @@ import contextlib
 import contextvars
 import dataclasses
 import logging
-import os
 from typing import Any, Callable
 
-from jax_gpuext.common import gates
+from jax_gpuext.common import env, gates
 from jax_gpuext.common.errors import UnsupportedError
 
 logger = logging.getLogger("jax_gpuext")
@@ -119,8 +118,11 @@ def platform(name: str):
 
 
 def forced_reference(op: str) -> bool:
-    value = os.environ.get(FORCE_REFERENCE_ENV, "")
-    names = {v.strip() for v in value.split(",") if v.strip()}
+    names = set(env.get(FORCE_REFERENCE_ENV))
+    unknown = sorted(names - set(ops()) - {"all"})
+    if unknown:  # a misspelt op would otherwise be forced silently not at all
+        raise env.EnvironmentVariableError(FORCE_REFERENCE_ENV, env.raw(FORCE_REFERENCE_ENV),
+                                           f"'all' or op names among {sorted(ops())}; unknown: {unknown}")
     return "all" in names or op in names
 
 

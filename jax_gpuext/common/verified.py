@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import pathlib
 
+from jax_gpuext.common import env, gates
 from jax_gpuext.common import extension as _ext
-from jax_gpuext.common import gates
 from jax_gpuext.common.gates import GateResult
 
 ALLOW_ENV = "JAX_GPUEXT_ALLOW_UNVERIFIED"
@@ -68,7 +67,7 @@ EMPTY_RECORD = {"generated_by": "scripts/update_verified.py from benchmarks/resu
 
 
 def allow_unverified() -> bool:
-    return os.environ.get(ALLOW_ENV, "") not in ("", "0")
+    return env.get(ALLOW_ENV)
 
 
 @functools.cache
@@ -111,7 +110,7 @@ def components(op: str, backend: str) -> tuple[str, ...]:
     NVSHMEM all-reduce under JAX_GPUEXT_ALLREDUCE_GRAPH_SAFE=1 lowers to the graph-safe target,
     which must have passed too."""
     found = BACKENDS.get((op, backend), ())
-    if op == "all_reduce" and found and os.environ.get(GRAPH_SAFE_ENV, "0") not in ("", "0"):
+    if op == "all_reduce" and found and env.get(GRAPH_SAFE_ENV):
         found += ("all_reduce.graph_safe",)
     return found
 

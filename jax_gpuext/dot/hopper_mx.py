@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_gpuext.common import backends, gates
+from jax_gpuext.common import backends, env, gates
 from jax_gpuext.common import extension as _ext
 from jax_gpuext.common import ffi as _ffi
 from jax_gpuext.common.gates import GateResult
@@ -187,7 +187,7 @@ def default_config(b: int, m: int, n: int, k: int, sms: int = _H100_SMS) -> str:
 
 
 def cache_path() -> pathlib.Path:
-    root = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "jax_gpuext")
+    root = env.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "jax_gpuext")
     return pathlib.Path(root) / "hopper_mx_autotune.json"
 
 
@@ -229,7 +229,7 @@ def choose_config(b, m, n, k, a_dtype, b_dtype, out_dtype) -> tuple[str, str]:
     entry = _load_cache().get(key)
     if isinstance(entry, dict) and entry.get("config") in TILE_CONFIGS:
         return entry["config"], f"autotune cache ({cache_path()})"
-    if os.environ.get(AUTOTUNE_ENV, "") not in ("", "0"):
+    if env.get(AUTOTUNE_ENV):
         return autotune(b, m, n, k, a_dtype, b_dtype, out_dtype), "autotuned now"
     return default_config(b, m, n, k), "default (no autotune entry)"
 

@@ -426,15 +426,92 @@ def quantize(x, fmt, *, axis: int = -1, scale_rounding: str | None = None, globa
     _note_fp4_layout(sel, fmt)
     if fmt.has_global_scale and g is None:
         g = ref.nvfp4_global_scale(x)
-    if x.size == 0 and not fmt.per_tensor and sel.chosen in ("reference", "xla"):
-        data, scale = _quantize_empty(x, fmt, ax)
-    elif sel.chosen == "reference":
-        data, scale = _quantize_reference(x, fmt, ax, scale_rounding, g)
-    elif sel.chosen == "xla":
-        data, scale = formats_xla.quantize(x, fmt, ax, scale_rounding, g)
-    else:
-        data, scale = _quantize_ffi(x, fmt, ax, scale_rounding, g, sel.chosen)
+
+    def run(x, *gs):
+        g = gs[0] if gs else None
+        if x.size == 0 and not fmt.per_tensor and sel.chosen in ("reference", "xla"):
+            return _quantize_empty(x, fmt, ax)
+        if sel.chosen == "reference":
+            return _quantize_reference(x, fmt, ax, scale_rounding, g)
+        if sel.chosen == "xla":
+            return formats_xla.quantize(x, fmt, ax, scale_rounding, g)
+        return _quantize_ffi(x, fmt, ax, scale_rounding, g, sel.chosen)
+
+    # One derivative rule for every backend, above the backend choice (docs/formats.md, "Gradients").
+    data, scale = _refuse_derivatives(run)(x, *(() if g is None else (g,)))
     return BlockScaledArray(data, scale, g, fmt, ax)
+
+
+# --------------------------------------------------------------------------- gradients
+# Defined once, above the backend choice, so that every backend differentiates alike (issue 26: the
+# cpu backend refused jax.grad while the reference one returned zeros). The rule: we never hand out
+# a derivative that JAX would have to round to an 8- or 4-bit format -- JAX types the tangent of a
+# float8 array as float8, where a gradient saturates at 448 and vanishes below 2^-9. So quantize is
+# not differentiable, and dequantize is differentiable exactly in its float32 inputs: the FP8
+# blockwise / per-tensor scales and NVFP4's global scale. docs/formats.md says how to train through
+# quantization (a straight-through estimator around dequantize(quantize(x))).
+QUANTIZE_GRADIENT_ERROR = (
+    "jax_gpuext.quantize is not differentiable: its outputs are low-precision codes, and their tangents "
+    "would have to be rounded to the element format (JAX types the tangent of a float8 array as float8), "
+    "which gives silently wrong gradients. For quantization-aware training use a straight-through "
+    "estimator around dequantize(quantize(x)) (docs/formats.md, 'Gradients'), or stop_gradient the input")
+
+
+def _is_zero(t) -> bool:
+    return type(t) is jax.custom_derivatives.SymbolicZero
+
+
+def _refuse_derivatives(fn):
+    """``fn`` with a JVP rule that refuses: JAX calls it only when some input carries a tangent."""
+    @jax.custom_jvp
+    def f(*args):
+        return fn(*args)
+
+    def jvp(primals, tangents):
+        raise TypeError(QUANTIZE_GRADIENT_ERROR)
+
+    f.defjvp(jvp)
+    return f
+
+
+def _differentiable_dequantize(run, fmt: BlockFormat, axis: int, dtype):
+    """``run(data, scale[, global_scale])`` with dequantize's derivative: y = data * scale (*
+    global_scale), so dy = data * dscale (* global_scale) + data * scale * dglobal_scale, evaluated in
+    float32 and rounded once to ``dtype``. Its transpose gives each block's scale the sum over the
+    block of data * cotangent (* global_scale). Tangents of the codes (data) and of 8-bit scales
+    (E8M0, E4M3) are refused with a TypeError: they would have to be rounded to those formats."""
+    def what(name):
+        return (f"dequantize: cannot differentiate with respect to the {name} of a {fmt.name} array: its "
+                "cotangent would have to be rounded to that low-precision format, which gives silently wrong "
+                "gradients. Differentiate with respect to float32 parts only (FP8 blockwise / per-tensor scales, "
+                "NVFP4's global_scale: close over the rest, or wrap it in jax.lax.stop_gradient); see "
+                "docs/formats.md, 'Gradients'")
+
+    @jax.custom_jvp
+    def f(data, scale, *gs):
+        return run(data, scale, *gs)
+
+    def jvp(primals, tangents):
+        data, scale, *gs = primals
+        t_data, t_scale, *t_gs = tangents
+        if not _is_zero(t_data):
+            raise TypeError(what(f"data ({jnp.dtype(data.dtype).name} codes)"))
+        if not _is_zero(t_scale) and jnp.dtype(scale.dtype) != jnp.float32:
+            raise TypeError(what(f"block scales ({jnp.dtype(scale.dtype).name})"))
+        values = data.astype(jnp.float32)
+        ndim, terms = data.ndim, []
+        g = _broadcast_leading(gs[0].astype(jnp.float32), ndim) if gs else None
+        if not _is_zero(t_scale):
+            term = values * _expand_scale(t_scale, fmt, axis, data.shape)
+            terms.append(term if g is None else term * g)
+        if gs and not _is_zero(t_gs[0]):
+            per_element = values * _expand_scale(scale.astype(jnp.float32), fmt, axis, data.shape)
+            terms.append(per_element * _broadcast_leading(t_gs[0].astype(jnp.float32), ndim))
+        tangent = terms[0] if len(terms) == 1 else terms[0] + terms[1]
+        return f(*primals), tangent.astype(dtype)
+
+    f.defjvp(jvp, symbolic_zeros=True)
+    return f
 
 
 def _blocked_1d(bits, block: int, axis: int):
@@ -574,15 +651,21 @@ def dequantize(q: BlockScaledArray, dtype=jnp.float32, *, backend: str = "auto")
     fmt = q.format
     sel = backends.select(DEQUANTIZE_OP, backend, problem=(fmt, q.data.shape, dtype))
     _note_fp4_layout(sel, fmt)
-    if sel.chosen == "reference":
-        return _dequantize_reference(q, dtype)
-    if sel.chosen == "xla":
-        return jnp.zeros(q.data.shape, dtype) if q.data.size == 0 else formats_xla.dequantize(q, dtype)
-    out = jax.ShapeDtypeStruct(q.data.shape, dtype)
-    g = _ffi_global_scale(q.global_scale).astype(jnp.float32)
-    return _ffi.ffi_call(DEQUANTIZE_TARGET, out, q.data, q.scale, g, vmap_method="broadcast_all",
-                         format=np.int32(fmt.code), axis=np.int64(q.axis),
-                         fp4_packed=_fp4_packed(sel.chosen, fmt))
+
+    def run(data, scale, *gs):
+        parts = BlockScaledArray.tree_unflatten((fmt, q.axis), (data, scale, gs[0] if gs else None))
+        if sel.chosen == "reference":
+            return _dequantize_reference(parts, dtype)
+        if sel.chosen == "xla":
+            return jnp.zeros(data.shape, dtype) if data.size == 0 else formats_xla.dequantize(parts, dtype)
+        out = jax.ShapeDtypeStruct(data.shape, dtype)
+        g = _ffi_global_scale(parts.global_scale).astype(jnp.float32)
+        return _ffi.ffi_call(DEQUANTIZE_TARGET, out, data, scale, g, vmap_method="broadcast_all",
+                             format=np.int32(fmt.code), axis=np.int64(q.axis),
+                             fp4_packed=_fp4_packed(sel.chosen, fmt))
+
+    gs = () if q.global_scale is None else (jnp.asarray(q.global_scale),)
+    return _differentiable_dequantize(run, fmt, q.axis, dtype)(q.data, q.scale, *gs)
 
 
 def _expand_scale(scale, fmt: BlockFormat, axis: int, shape):

@@ -30,12 +30,11 @@ from __future__ import annotations
 import enum
 import functools
 import logging
-import os
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from jax_gpuext.common import backends, gates
+from jax_gpuext.common import backends, env, gates
 from jax_gpuext.common import extension as _ext
 from jax_gpuext.common.errors import UnsupportedError, require_bool
 
@@ -48,6 +47,29 @@ SHIELD_ENV = "JAX_GPUEXT_MEMORY_SHIELD"
 # The other workaround for openxla/xla#47461: no dynamic-slice fusion at all in this jit.
 DSF_WORKAROUND_OPTIONS = {"xla_gpu_enable_dynamic_slice_fusion": False}
 PLACE_TARGET = _ext.declare_target("gpuext_place", "place")
+
+
+def _known_layout_dtypes() -> frozenset:
+    """The element types whose bytes in an XLA buffer our handlers can size exactly: the list in
+    ffi/common/ffi_util.h (ElementBits). Every whole-byte type, and the 2- and 4-bit types XLA packs
+    (measured on CPU). Not float6_e2m3fn / float6_e3m2fn: the FFI headers we build against predate
+    them, and gpuext_place copied a made-up number of bytes for them (issue 26)."""
+    import ml_dtypes
+
+    names = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
+             "float32", "float64", "complex64", "complex128", "bfloat16", "float8_e5m2", "float8_e4m3",
+             "float8_e4m3fn", "float8_e4m3b11fnuz", "float8_e5m2fnuz", "float8_e4m3fnuz", "float8_e3m4",
+             "float8_e8m0fnu", "int4", "uint4", "int2", "uint2", "float4_e2m1fn"]
+    known = set()
+    for name in names:
+        try:
+            known.add(np.dtype(getattr(ml_dtypes, name, name)))
+        except TypeError:  # an ml_dtypes too old to have it: nobody can pass such an array
+            pass
+    return frozenset(known)
+
+
+KNOWN_LAYOUT_DTYPES = _known_layout_dtypes()
 
 
 class MemorySpace(enum.IntEnum):
@@ -211,7 +233,7 @@ def _impl(p, *args, **params):
 
 
 def _shield_enabled() -> bool:
-    return os.environ.get(SHIELD_ENV, "1") not in ("0", "false", "False")
+    return env.get(SHIELD_ENV)
 
 
 def _barrier(value):
@@ -435,6 +457,8 @@ def place(x, space, *, strict: bool = False, backend: str = "auto"):
 
     strict = require_bool(strict, "place", "strict")
     space = MemorySpace.parse(space)
+    if space in (MemorySpace.COLLECTIVE, MemorySpace.TEMP):
+        _check_copyable(x, space)
     if backend == "auto" and space == MemorySpace.PINNED_HOST:
         backend = "memory_kind"  # the only way to host memory; raises with the gate's reason
     elif backend == "auto" and space == MemorySpace.DEVICE:
@@ -455,6 +479,23 @@ def place(x, space, *, strict: bool = False, backend: str = "auto"):
         _warn_once(("place", "xla", space.name), f"place: {why}")
         return x
     return _place_call(jax.numpy.asarray(x), int(space), bool(strict), sel)
+
+
+def _check_copyable(x, space) -> None:
+    """COLLECTIVE / TEMP placement is a byte copy by gpuext_place: refused, on every backend (so a
+    call means the same whichever runs), for an element type the handler cannot size exactly."""
+    dtype = getattr(x, "dtype", None)
+    if dtype is None:
+        dtype = np.asarray(x).dtype
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:  # extended dtypes (PRNG keys)
+        raise TypeError(f"place: {dtype} arrays cannot be placed in {space.name} memory: gpuext_place copies "
+                        "plain element types") from None
+    if dtype not in KNOWN_LAYOUT_DTYPES:
+        raise TypeError(f"place: dtype {dtype.name} cannot be placed in {space.name} memory: gpuext_place copies "
+                        f"bytes and cannot size {dtype.name} buffers exactly (XLA's layout for it is unknown to "
+                        f"our handlers); supported: {sorted(d.name for d in KNOWN_LAYOUT_DTYPES)}")
 
 
 def _place_call(x, space: int, strict: bool, sel):

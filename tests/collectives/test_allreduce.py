@@ -28,6 +28,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_gpuext
 from jax_gpuext import collectives
+from jax_gpuext.common import env as env_vars
 from jax_gpuext.collectives.all_reduce import _NARROW_FLOATS, library_refusal
 
 N = 8
@@ -395,13 +396,12 @@ def test_gpu_processes_under_mps(nproc, mode):
 # scripts/gpu_run.sh from its step's bound) < the step. The margin between rank and test covers
 # what run_allreduce_mps.sh spends around its ranks at worst: the MPS daemon's start (MPS_WAIT_S,
 # 8 s, + 2 s), a rank's SIGKILL 5 s after its SIGTERM, the daemon's stop (5 s) and the rest.
-MPS_TEST_DEFAULT_S = 600.0
 MPS_MARGIN_S = 25.0
 STOP_GRACE_S = 10.0  # SIGTERM (the script's trap kills the ranks, stops MPS) before SIGKILL
 
 
 def mps_test_bound() -> float:
-    return float(os.environ.get("JAX_GPUEXT_MPS_TEST_TIMEOUT_S", MPS_TEST_DEFAULT_S))
+    return env_vars.get("JAX_GPUEXT_MPS_TEST_TIMEOUT_S")  # 600 s when unset (jax_gpuext/common/env.py)
 
 
 def worker_bound(test_bound: float) -> int:

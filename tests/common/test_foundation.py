@@ -205,13 +205,17 @@ def test_unknown_backend_name_is_a_value_error(toy_op):
 
 def test_force_reference_env(toy_op, monkeypatch):
     op, _, _ = toy_op
-    monkeypatch.setenv(backends.FORCE_REFERENCE_ENV, f"other,{op}")
+    monkeypatch.setenv(backends.FORCE_REFERENCE_ENV, f"quantize, {op}")
     with backends.platform("cpu"):
         sel = backends.select(op, problem={"n": 4})
     assert sel.chosen == "reference" and "JAX_GPUEXT_FORCE_REFERENCE" in sel.reason
     monkeypatch.setenv(backends.FORCE_REFERENCE_ENV, "all")
     with backends.platform("cpu"):
         assert backends.select(op, problem={"n": 4}).chosen == "reference"
+    # A misspelt op would be forced not at all, silently: refused, naming the variable (issue 26).
+    monkeypatch.setenv(backends.FORCE_REFERENCE_ENV, f"{op},quantise")
+    with backends.platform("cpu"), pytest.raises(ValueError, match="JAX_GPUEXT_FORCE_REFERENCE.*quantise"):
+        backends.select(op, problem={"n": 4})
 
 
 def test_explain_reports_calls_inside_jit_even_after_caching(toy_op):

@@ -160,3 +160,119 @@ def test_all_reduce_handler_refuses_bad_attributes():
     print("OK")
     """)
     assert "OK" in out
+
+
+# --------------------------------------------------------------------------- issue 26
+def test_place_refuses_element_types_without_a_known_layout():
+    """Finding 5: place(x, COLLECTIVE / TEMP) and a direct gpuext_place call returned uninitialised
+    memory for float6_e2m3fn / float6_e3m2fn (jaxlib 0.12 passes them as codes our headers do not
+    know, and the byte width the handler computed was garbage). Python refuses them at trace time on
+    every backend; the handler refuses them as well (older jaxlibs refuse them before it)."""
+    out = _run("""
+    import ml_dtypes, numpy as np, jax, jax.numpy as jnp
+    import jax_gpuext
+    from jax_gpuext import MemorySpace
+    from jax_gpuext.common import extension as _ext
+    _ext.ensure_all_registered()
+    for name in ("float6_e2m3fn", "float6_e3m2fn"):
+        if not hasattr(ml_dtypes, name):
+            continue
+        x = np.arange(16, dtype=np.float32).astype(getattr(ml_dtypes, name))
+        for space in (MemorySpace.COLLECTIVE, MemorySpace.TEMP):
+            for backend in ("auto", "identity", "xla"):
+                try:
+                    jax.jit(lambda v: jax_gpuext.place(v, space, backend=backend))(x)
+                except TypeError as e:
+                    assert f"dtype {name} cannot be placed in {space.name} memory" in str(e), str(e)
+                else:
+                    raise AssertionError(f"place accepted {name} on {backend}")
+        # the handler itself, called directly: an error, never bytes it did not copy
+        f = jax.jit(lambda v: jax.ffi.ffi_call("gpuext_place", jax.ShapeDtypeStruct(v.shape, v.dtype))(v))
+        try:
+            y = np.asarray(f(x))
+        except Exception as e:
+            msg = str(e)
+            assert ("whose size in an XLA buffer our handlers do not know" in msg  # our handler
+                    or "Invalid XLA PrimitiveType" in msg), msg                  # an XLA that predates float6
+        else:
+            raise AssertionError(f"gpuext_place returned {y.view(np.uint8)} for {x.view(np.uint8)}")
+    print("OK")
+    """)
+    assert "OK" in out
+
+
+def test_scale_and_global_scale_shapes_are_checked_dim_by_dim():
+    """Finding 11: only the scale's element count was checked, so a permuted scale shape (as many
+    entries, blocks in another order) was accepted by gpuext_quantize and gpuext_dequantize."""
+    out = _run(_QUANTIZE + """
+    def dequantize_call(fmt, data, scale, g, out_shape):
+        attrs = dict(format=np.int32(fmt.code), axis=np.int64(-1), fp4_packed=np.int32(1))
+        return jax.ffi.ffi_call("gpuext_dequantize", jax.ShapeDtypeStruct(out_shape, jnp.float32))(
+            data, scale, g, **attrs)
+
+    def refused_call(match, fn, *args):
+        try:
+            jax.block_until_ready(fn(*args))
+        except Exception as e:
+            assert match in str(e), (match, str(e))
+            return
+        raise AssertionError(f"accepted: {match}")
+
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(64, 64)), jnp.float32)
+    fmt = formats.MXFP8_E4M3  # scale (64, 2): (2, 64) has the same 128 entries
+    out = (jax.ShapeDtypeStruct(x.shape, fmt.elem_dtype), jax.ShapeDtypeStruct((2, 64), fmt.scale_dtype))
+    q = lambda: jax.ffi.ffi_call("gpuext_quantize", out)(x, jnp.ones((), jnp.float32), format=np.int32(fmt.code),
+                                                       axis=np.int64(-1), scale_rounding=np.int32(0),
+                                                       fp4_packed=np.int32(1))
+    refused_call("scale buffer has shape [2, 64], expected [64, 2]", q)
+    ref = formats.quantize(x, fmt, backend="reference")
+    refused_call("scale buffer has shape [2, 64], expected [64, 2]", dequantize_call, fmt, ref.data,
+                 ref.scale.reshape(2, 64), jnp.ones((), jnp.float32), x.shape)
+    refused_call("scale buffer has shape [128], expected [64, 2]", dequantize_call, fmt, ref.data,
+                 ref.scale.reshape(128), jnp.ones((), jnp.float32), x.shape)
+    # 128x128 tiles: (1, 1) for (64, 64) data; a 3-D batch of 2 needs (2, 1, 1), not (1, 2, 1)
+    fmt2 = formats.FP8_128x128
+    x3 = jnp.ones((2, 64, 64), jnp.float32)
+    q3 = formats.quantize(x3, fmt2, backend="reference")
+    refused_call("scale buffer has shape [1, 2, 1], expected [2, 1, 1]", dequantize_call, fmt2, q3.data,
+                 q3.scale.reshape(1, 2, 1), jnp.ones((), jnp.float32), x3.shape)
+    # NVFP4's global scale: a scalar or the leading dims of the data, never a permutation of them
+    nv = formats.NVFP4
+    d = formats.quantize(jnp.ones((2, 3, 32), jnp.float32), nv, backend="reference")
+    good = np.asarray(dequantize_call(nv, d.data, d.scale, jnp.ones((2,), jnp.float32), (2, 3, 32)))
+    np.testing.assert_array_equal(good, np.asarray(formats.dequantize(
+        formats.BlockScaledArray(d.data, d.scale, np.float32(1), nv, -1), backend="reference")))
+    refused_call("global scale has shape [3]", dequantize_call, nv, d.data, d.scale, jnp.ones((3,), jnp.float32),
+                 (2, 3, 32))
+    refused_call("global scale has shape [2, 3, 1]", dequantize_call, nv, d.data, d.scale,
+                 jnp.ones((2, 3, 1), jnp.float32), (2, 3, 32))
+    print("OK")
+    """)
+    assert "OK" in out
+
+
+def test_all_reduce_handler_timeout_bounds():
+    """The handlers accept the range all_reduce accepts at trace time: [1e-3, 1e6] seconds
+    (1e-46 passed the old trace-time check and reached the handler as 0)."""
+    out = _run("""
+    import numpy as np, jax, jax.numpy as jnp
+    from jax_gpuext.common import extension as _ext
+    _ext.ensure_all_registered()
+    x = jnp.arange(4, dtype=jnp.float32)
+    def call(t):
+        attrs = dict(op=np.int32(0), algorithm=np.int32(1), group_size=np.int64(1), site=np.int64(987655),
+                     workspace_bytes=np.int64(1 << 12), timeout_s=np.float32(t))
+        f = jax.ffi.ffi_call("gpuext_all_reduce", jax.ShapeDtypeStruct(x.shape, x.dtype))
+        return jax.block_until_ready(f(x, jnp.int32(0), jnp.int32(0), **attrs))
+    for t in (1e-3, 1e6):
+        np.testing.assert_array_equal(np.asarray(call(t)), np.asarray(x))
+    for t in (1e-46, 1e-4, 2e6, 0.0):
+        try:
+            call(t)
+        except Exception as e:
+            assert "timeout_s must be in [0.001000, 1000000.000000] seconds" in str(e), str(e)
+        else:
+            raise AssertionError(f"timeout {t} accepted")
+    print("OK")
+    """)
+    assert "OK" in out

@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import os
 import random
 
 import hypothesis
 from hypothesis import HealthCheck, Phase
 
-LONG = os.environ.get("JAX_GPUEXT_FUZZ", "") == "long"
-FIXED_EXAMPLES = os.environ.get("JAX_GPUEXT_FUZZ_EXAMPLES")
-SEED = int(os.environ.get("JAX_GPUEXT_FUZZ_SEED") or random.SystemRandom().randrange(1 << 32)) if LONG else 0
-KEEP_GOING = os.environ.get("JAX_GPUEXT_FUZZ_KEEP_GOING")
+from jax_gpuext.common import env
+
+LONG = env.get("JAX_GPUEXT_FUZZ") == "long"
+FIXED_EXAMPLES = env.get("JAX_GPUEXT_FUZZ_EXAMPLES")
+_SEED = env.get("JAX_GPUEXT_FUZZ_SEED")
+SEED = (random.SystemRandom().randrange(1 << 32) if _SEED is None else _SEED) if LONG else 0
+KEEP_GOING = env.get("JAX_GPUEXT_FUZZ_KEEP_GOING")
 TALLY: collections.Counter = collections.Counter()  # (area, outcome) -> cases
 AREAS: list[str] = []
 
@@ -29,7 +31,7 @@ AREAS: list[str] = []
 def fuzz(area: str, ci_examples: int):
     """Decorates a hypothesis test of ``area`` with its budget: ``ci_examples`` cases in CI."""
     AREAS.append(area)
-    n = int(FIXED_EXAMPLES) if FIXED_EXAMPLES else ci_examples * (50 if LONG else 1)
+    n = FIXED_EXAMPLES if FIXED_EXAMPLES is not None else ci_examples * (50 if LONG else 1)
     # CI does not shrink: a crash restarts the worker (seconds) for every shrink step, and the
     # failing case is printed as drawn. A long campaign shrinks to a minimal reproduction.
     phases = (Phase.explicit, Phase.generate) + ((Phase.shrink,) if LONG else ())

@@ -8,7 +8,9 @@ import numpy as np
 from hypothesis import strategies as st
 
 FLOATS = (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16))
-_ML_FLOATS = {np.dtype(getattr(ml_dtypes, n)) for n in ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float4_e2m1fn")}
+_ML_FLOATS = {np.dtype(getattr(ml_dtypes, n)) for n in ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float4_e2m1fn",
+                                                        "float6_e2m3fn", "float6_e3m2fn") if hasattr(ml_dtypes, n)}
+_NO_NAN = ("float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn")  # nor infinities, like float8_e4m3fn
 DIMS = (0, 1, 2, 3, 5, 16, 17, 31, 32, 33, 64, 100, 128, 130)
 
 
@@ -43,8 +45,8 @@ def make(shape, dtype, seed: int, specials: float = 0.0, scale_exp: int | None =
     if specials and n:
         pool = np.array([0.0, float(fi.max), -float(fi.max), np.nan, np.inf, -np.inf,
                          float(fi.smallest_subnormal), -3 * float(fi.smallest_subnormal)])
-        if dtype.name in ("float8_e4m3fn", "float4_e2m1fn"):  # no infinities (nor NaN in FP4)
-            pool = pool[~np.isinf(pool) & ~(np.isnan(pool) & (dtype.name == "float4_e2m1fn"))]
+        if dtype.name in ("float8_e4m3fn",) + _NO_NAN:  # no infinities (nor NaN in FP4 / FP6)
+            pool = pool[~np.isinf(pool) & ~(np.isnan(pool) & (dtype.name in _NO_NAN))]
         pick = rng.random(n) < specials
         v[pick] = rng.choice(pool, size=int(pick.sum()))
     return v.astype(dtype).reshape(shape)

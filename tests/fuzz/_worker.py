@@ -119,6 +119,33 @@ def all_reduce(x, mesh_shape, mesh_axes, axis_name, kwargs, algorithms):
     return {a: attempt(lambda a=a: run(a)) for a in algorithms}
 
 
+def all_reduce_axes(x, mesh_shape, mesh_axes, vmaps, reduce, op, jit_inside, use_pmap, algorithms):
+    """all_reduce over a mix of axis kinds. x has shape mesh_shape + [size of each vmap] + (3,):
+    the leading dims are split over the mesh axes (shard_map) or the one pmap axis; ``vmaps`` =
+    [(size, name), ...], outermost first, nest jax.vmap inside; ``reduce`` names the reduced axes
+    (mesh, pmap and vmap names, in any order). Returns the result in x's shape per algorithm."""
+    ndev = int(np.prod(mesh_shape))
+    lead = len(mesh_shape)
+    local = tuple(s for s, _ in vmaps) + (3,)
+
+    def run(algorithm):
+        def inner(r):
+            return gx.all_reduce(r, reduce, op=op, algorithm=algorithm, timeout_s=30)
+
+        fn = jax.jit(inner) if jit_inside else inner
+        for _, name in reversed(vmaps):
+            fn = jax.vmap(fn, axis_name=name)
+        if use_pmap:
+            f = jax.pmap(lambda v: fn(v.reshape(local)), axis_name=mesh_axes[0], devices=jax.devices()[:ndev])
+            return host(f(x.reshape((ndev,) + local))).reshape(x.shape)
+        devices = np.array(jax.devices()[:ndev]).reshape(mesh_shape)
+        mesh = Mesh(devices, mesh_axes)
+        body = lambda v: fn(v.reshape(local)).reshape((1,) * lead + local)  # noqa: E731
+        f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(*mesh_axes), out_specs=P(*mesh_axes), check_vma=False))
+        return host(f(x))
+    return {a: attempt(lambda a=a: run(a)) for a in algorithms}
+
+
 # --------------------------------------------------------------------------- FFI targets, directly
 def ffi_call(target, operands, results, attributes):
     """jax.ffi.ffi_call of a registered target with whatever operands, result types and
@@ -169,7 +196,8 @@ def read_checkpoint(path, then=None):
 
 
 KINDS = {f.__name__: f for f in (quantize, dequantize_parts, block_scaled_dot, scaled_dot_general, place,
-                                 all_reduce, ffi_call, registrations, read_checkpoint)}
+                                 all_reduce, all_reduce_axes, ffi_call, registrations,
+                                 read_checkpoint)}
 
 
 def main():

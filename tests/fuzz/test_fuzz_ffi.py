@@ -6,6 +6,7 @@ bounds (the sanitizer leg, .ci/sanitizers.sh, sees what a plain run cannot), or 
 
 from __future__ import annotations
 
+import jax
 import ml_dtypes
 import numpy as np
 import pytest
@@ -62,9 +63,17 @@ INTS = (-(1 << 31), -1, 0, 1, 2, 3, 4, 5, 6, 7, 99, (1 << 31) - 1, 1 << 62)
 FLOATS = (0.0, -1.0, float("nan"), float("inf"), 1e30, 1e-3)
 DTYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float64), np.dtype(np.int32),
           np.dtype(np.uint8), np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e8m0fnu),
-          np.dtype(ml_dtypes.float4_e2m1fn), np.dtype(ml_dtypes.int4), np.dtype(np.bool_))
+          np.dtype(ml_dtypes.float4_e2m1fn), np.dtype(ml_dtypes.int4), np.dtype(np.bool_), np.dtype(np.uint16),
+          np.dtype(np.complex64)) + tuple(  # element types whose buffer layout no handler knows (issue 26)
+    np.dtype(getattr(ml_dtypes, n)) for n in ("float6_e2m3fn", "float6_e3m2fn") if hasattr(ml_dtypes, n))
+# The operand / result that holds block scales, and the global scale operand, per target: their
+# shapes are permuted or given other leading dims (same element count), which the handlers took
+# as long as the count matched (issue 26).
+SCALE_SLOTS = {"gpuext_quantize": ("result", 1), "gpuext_dequantize": ("operand", 1)}
+GLOBAL_SLOTS = {"gpuext_quantize": 1, "gpuext_dequantize": 2}
 MUTATIONS = ("attr_value", "attr_value", "attr_type", "attr_missing", "attr_extra", "operand_count",
-             "operand_dtype", "operand_shape", "result_count", "result_dtype", "result_shape")
+             "operand_dtype", "operand_shape", "result_count", "result_dtype", "result_shape", "scale_layout",
+             "global_layout")
 
 
 def other_shape(shape, k):
@@ -72,11 +81,40 @@ def other_shape(shape, k):
     return options[k % len(options)]
 
 
-def mutate(draw, operands, results, attrs, what):
+def same_count_shapes(shape):
+    """Other shapes with as many elements: permutations, a split or merged dim, leading ones."""
+    n = int(np.prod(shape))
+    options = {tuple(reversed(shape)), (n,), (1,) + tuple(shape), tuple(shape) + (1,)}
+    if len(shape) >= 2:
+        options.add((shape[0] * shape[1],) + tuple(shape[2:]))
+        options.add(tuple(shape[1:2]) + tuple(shape[:1]) + tuple(shape[2:]))
+    options.discard(tuple(shape))
+    return sorted(options)
+
+
+def mutate(draw, operands, results, attrs, what, target):
     """Applies mutation ``what``; returns (operands, results, attrs, description)."""
     operands, results, attrs = list(operands), list(results), dict(attrs)
     if what.startswith("attr") and not attrs:
         what = "attr_extra"
+    if what == "scale_layout" and target in SCALE_SLOTS:
+        kind, i = SCALE_SLOTS[target]
+        seq = operands if kind == "operand" else results
+        if i < len(seq):
+            shape, dtype = (seq[i].shape, seq[i].dtype) if kind == "operand" else seq[i]
+            options = same_count_shapes(tuple(shape))
+            if options:
+                new = draw(st.sampled_from(options))
+                seq[i] = np.asarray(seq[i]).reshape(new) if kind == "operand" else (new, dtype)
+                return operands, results, attrs, f"scale {kind} reshaped {list(shape)} -> {list(new)}"
+    if what == "global_layout" and target in GLOBAL_SLOTS and GLOBAL_SLOTS[target] < len(operands):
+        i = GLOBAL_SLOTS[target]
+        lead = np.asarray(operands[0]).shape
+        new = draw(st.sampled_from([(), (1,), (2,), lead[:1], lead[1:2], tuple(reversed(lead[:2])), lead]))
+        operands[i] = np.ones(new, F32)
+        return operands, results, attrs, f"global scale operand as float32{list(new)}"
+    if what in ("scale_layout", "global_layout"):  # not applicable to this target or call
+        what = "operand_shape"
     if what == "attr_value":
         name = draw(st.sampled_from(sorted(attrs)))
         t = type(attrs[name]) if isinstance(attrs[name], (np.integer, np.floating)) else np.int32
@@ -123,11 +161,33 @@ def check_quantize_result(values, operands, attrs, case):
     assert not (fmt is formats.NVFP4 and int(attrs.get("fp4_packed", 1)) == 0), (
         f"accepted fp4_packed=0 for an NVFP4 buffer XLA packs: the handler wrote one byte per element ({case})")
     x = operands[0]
+    if len(values) == 2 and values[1].size and np.ndim(x) >= 1:
+        # a scale buffer of another shape (a permutation holds as many entries) is not this format
+        want_shape = formats.scale_shape(np.shape(x), fmt, -1)
+        assert values[1].shape == want_shape, (
+            f"accepted a scale result of shape {values[1].shape}, the format's is {want_shape} ({case})")
     if len(values) != 2 or len(operands) != 2 or np.ndim(operands[1]) != 0 or x.dtype != F32 or values[0].shape != x.shape or values[0].dtype != fmt.elem_dtype:
         return
     want, scale, _ = expected_quantize(x, fmt, -1, "up", np.float32(operands[1]) if fmt.has_global_scale else None)
     assert_bits(values[0], elem_bits(want, fmt), f"direct gpuext_quantize {fmt.name} data", case)
     assert_bits(values[1], scale_bits(scale, fmt), f"direct gpuext_quantize {fmt.name} scale", case)
+
+
+def check_dequantize_result(values, operands, results, attrs, case):
+    """A dequantize call the handler accepted must describe a BlockScaledArray that Python accepts
+    too (the same shape rules on both sides), and must have computed its dequantization."""
+    code, axis = int(attrs.get("format", -1)), int(attrs.get("axis", 1))
+    fmt = next((f for f in formats.FORMATS.values() if f.code == code), None)
+    if fmt is None or len(operands) != 3 or len(values) != 1 or values[0].size == 0:
+        return  # (XLA runs no call whose results are all empty)
+    data, scale, g = (np.asarray(o) for o in operands)
+    glob = g if fmt.has_global_scale else None
+    try:
+        q = formats.BlockScaledArray(data, scale, glob, fmt, axis)
+    except (TypeError, ValueError) as e:
+        raise AssertionError(f"the handler accepted what BlockScaledArray refuses ({e}): {case}") from None
+    want = formats.dequantize(q, values[0].dtype, backend="reference")
+    assert_bits(values[0], bits(want), f"direct gpuext_dequantize {fmt.name}", case)
 
 
 def test_every_target_is_fuzzed(worker):
@@ -148,7 +208,7 @@ def test_ffi_target(worker, target, fmt, shape, n_mutations, data):
     done = []
     for _ in range(n_mutations):
         operands, results, attrs, what = mutate(data.draw, operands, results, attrs,
-                                                data.draw(st.sampled_from(MUTATIONS), label="mutation"))
+                                                data.draw(st.sampled_from(MUTATIONS), label="mutation"), target)
         done.append(what)
     case = (f"jax.ffi.ffi_call({target!r}, results={[(list(s), np.dtype(d).name) for s, d in results]})"
             f"(*[{', '.join(np.dtype(o.dtype).name + str(list(o.shape)) for o in map(np.asarray, operands))}], "
@@ -165,5 +225,14 @@ def test_ffi_target(worker, target, fmt, shape, n_mutations, data):
         assert done or len(values) == len(results), case
         if target == "gpuext_quantize":
             check_quantize_result(values, operands, attrs, case)
-        elif target in ("gpuext_place", "gpuext_all_reduce") and not done:
-            assert_bits(values[0], bits(operands[0]), target, case)  # identity / a group of one
+        elif target == "gpuext_dequantize":
+            check_dequantize_result(values, operands, results, attrs, case)
+        elif target == "gpuext_place" and values and values[0].size:
+            # place accepts only its operand's own type and shape, and then copies it exactly (XLA
+            # runs no call whose results are all empty, or that has none: nothing to check then)
+            x = np.asarray(operands[0])
+            x = x.astype(jax.dtypes.canonicalize_dtype(x.dtype))  # float64 is float32 without x64
+            assert len(values) == 1 and values[0].dtype == x.dtype, case
+            assert_bits(values[0], bits(x), target, case)
+        elif target == "gpuext_all_reduce" and not done:
+            assert_bits(values[0], bits(operands[0]), target, case)  # a group of one

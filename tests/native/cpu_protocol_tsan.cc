@@ -55,6 +55,63 @@ int main() {
     std::printf("FAIL timeout: %s\n", s.ok() ? "returned ok" : s.message().c_str());
     ++failures;
   }
+  // Two callers claim rank 0 of a group of 2 at once (rank 1 never comes): both must fail at
+  // once, naming the rank and color, instead of sharing slots and epochs (issue 26).
+  {
+    std::vector<float> x0(16, 1.f), x1(16, 2.f), y0(16), y1(16);
+    std::string e0, e1;
+    auto claim = [](const float* in, float* out, std::string* err) {
+      CpuAllReduceArgs d;
+      d.in = in; d.out = out; d.count = 16; d.group_size = 2; d.rank = 0; d.color = 7; d.site = 1000;
+      d.workspace_bytes = 1 << 12; d.timeout_s = 20;
+      gpuext::Status st = CpuAllReduce(d);
+      *err = st.ok() ? "returned ok" : st.message();
+    };
+    std::thread t0(claim, x0.data(), y0.data(), &e0), t1(claim, x1.data(), y1.data(), &e1);
+    t0.join();
+    t1.join();
+    for (const std::string* e : {&e0, &e1})
+      if (e->find("rank 0 of all_reduce group color 7") == std::string::npos) {
+        std::printf("FAIL duplicate rank: %s\n", e->c_str());
+        ++failures;
+      }
+  }
+  // The same without overlap: devices 0 and 2 complete execution 5 as ranks 0 and 1, then device 1
+  // claims rank 0 of execution 5 again. Timing cannot show it; the device can. A loop (one device
+  // per rank, several calls in one execution) is fine.
+  {
+    auto call = [](int rank, int64_t device, int64_t run, int64_t site, std::string* err) {
+      std::vector<float> x(16, float(rank + 1)), y(16);
+      CpuAllReduceArgs d;
+      d.in = x.data(); d.out = y.data(); d.count = 16; d.group_size = 2; d.rank = rank; d.site = site;
+      d.workspace_bytes = 1 << 12; d.timeout_s = 20; d.run_id = run; d.device = device;
+      gpuext::Status st = CpuAllReduce(d);
+      *err = st.ok() ? (y[0] == 3.f ? "" : "wrong sum") : st.message();
+    };
+    for (int iteration = 0; iteration < 3; ++iteration) {  // a loop: three calls in execution 6
+      std::string e0, e1;
+      std::thread t0(call, 0, 0, 6, 1001, &e0), t1(call, 1, 2, 6, 1001, &e1);
+      t0.join();
+      t1.join();
+      if (!e0.empty() || !e1.empty()) { std::printf("FAIL loop: %s %s\n", e0.c_str(), e1.c_str()); ++failures; }
+    }
+    std::string e0, e1, e2;
+    std::thread t0(call, 0, 0, 5, 1002, &e0), t1(call, 1, 2, 5, 1002, &e1);
+    t0.join();
+    t1.join();
+    call(0, 1, 5, 1002, &e2);  // device 1 claims rank 0 of the same execution
+    if (!e0.empty() || !e1.empty() || e2.find("claimed by devices 0 and 1") == std::string::npos) {
+      std::printf("FAIL duplicate rank across time: '%s' '%s' '%s'\n", e0.c_str(), e1.c_str(), e2.c_str());
+      ++failures;
+    }
+  }
+  // Nothing outlives the calls but the failed groups' errors (three above): no heap, no group.
+  const CpuAllReduceState st = CpuAllReduceLiveState();
+  if (st.live_groups != 0 || st.heap_bytes != 0 || st.failed_groups != 3) {
+    std::printf("FAIL live state after the calls: %ld groups, %ld heap bytes, %ld failed\n", long(st.live_groups),
+                long(st.heap_bytes), long(st.failed_groups));
+    ++failures;
+  }
   std::printf("cpu_protocol_tsan: %s\n", failures ? "FAILED" : "ok");
   return failures ? 1 : 0;
 }
