@@ -2,17 +2,20 @@
 as ratios against baselines measured in this process and run:
 
 - an XLA elementwise pass ``x * 2`` over the same bf16 array (one read + one write: the floor a
-  quantizer is compared with; target: ``quantize`` through ``auto`` >= 0.5x it for MXFP8, NVFP4,
-  FP8_1x128),
-- our jnp reference (``backend="reference"``) and, where this jax has them, jax.nn's quantizer,
+  quantizer is compared with; target: ``quantize`` through ``auto``, the C++ handler here, >= 0.5x
+  it for every format, on the x86-64-v4 and v3 clones alike: the clone that ran is printed),
+- our ``xla`` backend (what ``auto`` runs on a GPU until our CUDA kernels are verified there;
+  targets: at least as fast as jax.nn's quantizer for MXFP8 and NVFP4, FP8 blockwise within 1.5x
+  of its own MXFP8 time), timed in turn with ``x * 2``, auto and jax.nn's quantizer where this
+  jax has one, and our jnp reference (``backend="reference"``),
 - ``block_scaled_dot`` through its two exact CPU paths (the f32 reference, XLA's bf16 dot),
 - ``jax.nn.scaled_dot_general`` forward + backward with jax.nn's "mxfp8" configs (target: MXFP8
   through ``auto`` >= 1.0x it), and the same step unquantized (one bf16 dot: the floor).
 
     python benchmarks/bench_cpu.py [--quick] [--out FILE.json] [--iters N]
 
-"fastest here" names the faster of the two exact CPU paths in this run: it should be what `auto`
-picks (the recorded decision in docs/design.md, "CPU speed (issue 18)"). Prints markdown tables;
+"fastest here" names the fastest of the exact CPU paths (cpu, xla, reference) in this run: it
+should be what `auto` picks (the recorded decision in docs/design.md, "CPU speed (issue 18)"). Prints markdown tables;
 never fails on a timing (the targets are read off the table). ``--quick``
 (CI) uses 1024 x 1024 and fewer runs so it ends in well under a minute.
 """
@@ -84,6 +87,14 @@ def _fmt_ratio(base, t):
     return "-" if t is None else f"{base / t:.2f}x"
 
 
+def _cpu_clone() -> str:
+    """The CPU kernel clone the C++ handlers run in this process (build_info's ``cpu_kernels``)."""
+    from jax_gpuext.common import extension
+
+    info = extension.build_info("cpu") or {}
+    return info.get("cpu_kernels", "unknown")
+
+
 def quantize_rows(x, iters: int):
     import jax
     import jax.numpy as jnp
@@ -92,6 +103,7 @@ def quantize_rows(x, iters: int):
     from jax_gpuext.common import backends
 
     double = jax.jit(lambda v: v * 2)
+    clone = _cpu_clone()
     rows = []
     for fmt in gx.formats.FORMATS.values():
         # The baseline again next to each format: its warm time moves with the process's
@@ -99,26 +111,35 @@ def quantize_rows(x, iters: int):
         g = jnp.float32(1.0) if fmt.has_global_scale else None  # given: one pass over x, as jax.nn's
         kw = dict(global_scale=g)
         chosen = backends.select(gx.formats.QUANTIZE_OP, "auto", problem=(fmt, x.shape, x.dtype)).chosen
-        q_of = {name: jax.jit(lambda v, f=fmt, b=name: gx.quantize(v, f, backend=b, **kw)) for name in ("auto", "cpu")}
-        # x * 2, auto and cpu in turn: their ratio is that of one moment of the machine.
-        xla_pass, t_auto, t_cpu = _time_alternating([double, q_of["auto"], q_of["cpu"]], x, iters=iters)
-        t = {"auto": t_auto, "cpu": t_cpu,
-             "reference": _time(jax.jit(lambda v, f=fmt: gx.quantize(v, f, backend="reference", **kw)), x, iters=iters)}
+        q_of = {name: jax.jit(lambda v, f=fmt, b=name: gx.quantize(v, f, backend=b, **kw))
+                for name in ("auto", "cpu", "xla")}
         nn = _jax_nn_quantizer(fmt.name)
-        t_nn = _time(jax.jit(nn), x, iters=iters) if nn is not None else None
+        # x * 2, auto, cpu, xla (and jax.nn's quantizer) in turn: their ratios are those of one
+        # moment of the machine.
+        fns = [double, q_of["auto"], q_of["cpu"], q_of["xla"]] + ([jax.jit(nn)] if nn is not None else [])
+        times = _time_alternating(fns, x, iters=iters)
+        xla_pass, t_auto, t_cpu, t_xla = times[:4]
+        t_nn = times[4] if nn is not None else None
+        t = {"auto": t_auto, "cpu": t_cpu, "xla": t_xla,
+             "reference": _time(jax.jit(lambda v, f=fmt: gx.quantize(v, f, backend="reference", **kw)), x, iters=iters)}
         q = gx.quantize(x, fmt, **kw)
         t_deq = {name: _time(jax.jit(lambda v, b=name: gx.dequantize(v, jnp.bfloat16, backend=b)), q, iters=iters)
-                 for name in ("auto", "reference")}
-        fastest = min(("cpu", "reference"), key=lambda b: t[b])
-        rows.append({"format": fmt.name, "auto_backend": chosen, "fastest_exact": fastest, "xla_x2_ms": xla_pass * 1e3,
-                     "auto_ms": t["auto"] * 1e3, "cpu_ms": t["cpu"] * 1e3, "reference_ms": t["reference"] * 1e3,
+                 for name in ("auto", "xla", "reference")}
+        fastest = min(("cpu", "xla", "reference"), key=lambda b: t[b])
+        rows.append({"format": fmt.name, "auto_backend": chosen, "cpu_clone": clone, "fastest_exact": fastest,
+                     "xla_x2_ms": xla_pass * 1e3, "auto_ms": t["auto"] * 1e3, "cpu_ms": t["cpu"] * 1e3,
+                     "xla_ms": t["xla"] * 1e3, "reference_ms": t["reference"] * 1e3,
                      "jax_nn_ms": None if t_nn is None else t_nn * 1e3,
-                     "dequantize_auto_ms": t_deq["auto"] * 1e3, "dequantize_reference_ms": t_deq["reference"] * 1e3})
-    # quantize through auto against the `x * 2` timed in turn with it (the target's ratio); the
-    # reference and dequantize, timed apart, against the run's fastest `x * 2`.
+                     "xla_vs_jax_nn": None if t_nn is None else t_nn / t["xla"],
+                     "dequantize_auto_ms": t_deq["auto"] * 1e3, "dequantize_xla_ms": t_deq["xla"] * 1e3,
+                     "dequantize_reference_ms": t_deq["reference"] * 1e3})
+    # quantize through auto and xla against the `x * 2` timed in turn with them (the targets'
+    # ratio); the reference and dequantize, timed apart, against the run's fastest `x * 2`.
     base = min(r["xla_x2_ms"] for r in rows)
+    mx = next(r["xla_ms"] for r in rows if r["format"] == "MXFP8_E4M3")
     for r in rows:
         r.update(baseline_ms=base, auto_vs_xla_pass=r["xla_x2_ms"] / r["auto_ms"], auto_vs_fastest_xla_pass=base / r["auto_ms"],
+                 xla_vs_xla_pass=r["xla_x2_ms"] / r["xla_ms"], xla_vs_xla_mxfp8=r["xla_ms"] / mx,
                  reference_vs_xla_pass=base / r["reference_ms"], dequantize_auto_vs_xla_pass=base / r["dequantize_auto_ms"])
     return rows
 
@@ -209,18 +230,25 @@ def _print_tables(n, qrows, drows, trows):
     import jax
 
     base = min(r["xla_x2_ms"] for r in qrows)
-    print(f"\n### quantize / dequantize, bf16 [{n}, {n}], jax {jax.__version__}, {os.cpu_count()} CPUs "
-          f"(auto's ratio = `x * 2` / auto, the two timed in turn, >= 0.5x is the target; the other ratios = "
-          f"the run's fastest `x * 2`, {base:.2f} ms, / time)\n")
-    print("| format | auto picks | fastest here | `x * 2` ms | auto ms | ratio | vs fastest `x * 2` | cpu ms | reference ms "
-          "| ratio | jax.nn ms | dequantize auto ms | ratio |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print(f"\n### quantize, bf16 [{n}, {n}], jax {jax.__version__}, {os.cpu_count()} CPUs, C++ clone: "
+          f"{qrows[0]['cpu_clone']} (ratio = `x * 2` / time, the two timed in turn: >= 0.5x is auto's target; "
+          f"`vs fastest` = the run's fastest `x * 2`, {base:.2f} ms, / time)\n")
+    print("| format | auto picks | C++ clone | fastest here | `x * 2` ms | auto ms | ratio | vs fastest `x * 2` | cpu ms "
+          "| xla ms | ratio | xla / xla MXFP8_E4M3 | jax.nn ms | jax.nn / xla | reference ms | ratio |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in qrows:
-        print(f"| {r['format']} | {r['auto_backend']} | {r['fastest_exact']} | {r['xla_x2_ms']:.2f} | {r['auto_ms']:.2f} | "
-              f"{r['auto_vs_xla_pass']:.2f}x | {r['auto_vs_fastest_xla_pass']:.2f}x | {r['cpu_ms']:.2f} | {r['reference_ms']:.2f} | "
-              f"{r['reference_vs_xla_pass']:.2f}x | "
-              f"{'-' if r['jax_nn_ms'] is None else format(r['jax_nn_ms'], '.2f')} | "
-              f"{r['dequantize_auto_ms']:.2f} | {r['dequantize_auto_vs_xla_pass']:.2f}x |")
+        nn = "-" if r["jax_nn_ms"] is None else f"{r['jax_nn_ms']:.2f}"
+        nn_ratio = "-" if r["xla_vs_jax_nn"] is None else f"{r['xla_vs_jax_nn']:.2f}x"
+        print(f"| {r['format']} | {r['auto_backend']} | {r['cpu_clone']} | {r['fastest_exact']} | {r['xla_x2_ms']:.2f} | "
+              f"{r['auto_ms']:.2f} | {r['auto_vs_xla_pass']:.2f}x | {r['auto_vs_fastest_xla_pass']:.2f}x | {r['cpu_ms']:.2f} | "
+              f"{r['xla_ms']:.2f} | {r['xla_vs_xla_pass']:.2f}x | {r['xla_vs_xla_mxfp8']:.2f}x | {nn} | {nn_ratio} | "
+              f"{r['reference_ms']:.2f} | {r['reference_vs_xla_pass']:.2f}x |")
+    print("\n### dequantize to bf16 (ratio = the run's fastest `x * 2` / time)\n")
+    print("| format | auto ms | ratio | xla ms | reference ms |")
+    print("|---|---|---|---|---|")
+    for r in qrows:
+        print(f"| {r['format']} | {r['dequantize_auto_ms']:.2f} | {r['dequantize_auto_vs_xla_pass']:.2f}x | "
+              f"{r['dequantize_xla_ms']:.2f} | {r['dequantize_reference_ms']:.2f} |")
     print("\n### block_scaled_dot, float32 output (the two exact CPU paths)\n")
     print("| formats | shape | auto picks | fastest here | reference ms | xla ms |")
     print("|---|---|---|---|---|---|")

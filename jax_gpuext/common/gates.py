@@ -145,7 +145,7 @@ def driver_version() -> int | None:
 
 # --------------------------------------------------------------------------- build
 @_gate("cpu_extension", "build", "jax_gpuext._cpu imports and XLA takes its FFI targets",
-       "the CPU FFI handlers live there; without it only the pure-jnp reference paths run")
+       "the CPU FFI handlers live there; without it only the pure-XLA paths (xla, reference) run")
 def _cpu_extension():
     mod, why = _ext.load("cpu")
     if mod is None or _ext.registration_error("cpu"):

@@ -281,9 +281,10 @@ def _check_leading_dims(q, f: FormatInfo, batch: tuple[int, ...], name: str, wha
 
 
 # --------------------------------------------------------------------------- reference
-def _expanded_scale(q, f: FormatInfo) -> jax.Array:
-    """The block scales broadcast to the data's shape, in float32 (exact: E8M0/E4M3/fp32 -> fp32)."""
-    s = q.scale.astype(jnp.float32)
+def _expanded_scale(q, f: FormatInfo, dtype=jnp.float32) -> jax.Array:
+    """The block scales broadcast to the data's shape, in ``dtype`` (float32: exact for E8M0 /
+    E4M3 / fp32 scales; bfloat16 only where the caller knows them to be bfloat16 values)."""
+    s = q.scale.astype(dtype)
     if f.per_tensor:
         return _broadcast_leading(s, q.data.ndim)  # a scalar, or one per leading batch entry
     shape = q.data.shape

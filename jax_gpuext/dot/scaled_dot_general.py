@@ -110,20 +110,32 @@ def _quantize_along_rows(x, fmt):
     return _quantize(x, fmt, axis=-1 if (f.two_d or f.per_tensor) else -2)
 
 
+def _grad_dtype(x):
+    """The dtype a gradient dot returns: the operand's own (float64 ones come back from float32)."""
+    return x.dtype if x.dtype in _OUT_DTYPES else jnp.dtype(jnp.float32)
+
+
 def _scaled_bwd(rec, out_dtype, backend, res, g):
     a, b = res  # a (B, M, K), b (B, K, N), g (B, M, N)
     # g is quantized in its own dtype (formats.quantize takes f32/bf16/f16; _quantize narrows
     # float64): a bf16 -> f32 promotion here would be one more pass with identical blocks.
+    # The gradient dots return the operands' dtype (float32 accumulation, one rounding), not a
+    # float32 result converted afterwards, which on a GPU is one more write and read of it.
     # dA[b,m,k] = sum_n g[b,m,n] b[b,k,n]: contract N, the last axis of both.
     da = block_scaled_dot(_quantize(g, rec.grad), _quantize(b, rec.rhs_bwd),
-                          (((2,), (2,)), ((0,), (0,))), preferred_element_type=jnp.float32, backend=backend)
-    # dB[b,k,n] = sum_m a^T[b,k,m] g[b,m,n]: contract M, so a^T and g are quantized along M. a^T
-    # is a transposed copy quantized along its last axis (the same blocks as a along M): a dot
-    # whose lhs contracts its leading axis is about 3x slower on XLA:CPU (it converts both
-    # operands to f32 and transposes them; docs/design.md "CPU speed"), and every GPU backend
-    # takes an lhs that contracts its last axis as it is.
-    db = block_scaled_dot(_quantize(jnp.swapaxes(a, 1, 2), rec.lhs_bwd), _quantize_along_rows(g, rec.grad),
-                          (((2,), (1,)), ((0,), (0,))), preferred_element_type=jnp.float32, backend=backend)
+                          (((2,), (2,)), ((0,), (0,))), preferred_element_type=_grad_dtype(a), backend=backend)
+    # dB[b,k,n] = sum_m a[b,m,k] g[b,m,n]: contract M, so a and g are quantized along M. On CPU, a
+    # transposed copy of a quantized along its last axis (the same blocks): a dot whose lhs
+    # contracts its leading axis is about 3x slower on XLA:CPU (it converts both operands to f32
+    # and transposes them; docs/design.md "CPU speed"). On CUDA, a quantized along M in place:
+    # the copy was a read and a write of a in bfloat16, and XLA's GEMM takes a transposed operand
+    # as it is (our GPU kernels' canonical form transposes the 8-bit data, half those bytes).
+    if backends.current_platform() == "cuda":
+        qa, lhs_dims = _quantize_along_rows(a, rec.lhs_bwd), (1,)
+    else:
+        qa, lhs_dims = _quantize(jnp.swapaxes(a, 1, 2), rec.lhs_bwd), (2,)
+    db = block_scaled_dot(qa, _quantize_along_rows(g, rec.grad), ((lhs_dims, (1,)), ((0,), (0,))),
+                          preferred_element_type=_grad_dtype(b), backend=backend)
     return da.astype(a.dtype), db.astype(b.dtype)
 
 

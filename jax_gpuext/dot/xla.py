@@ -6,8 +6,9 @@ about twice as fast there as the f32 reference, and slower than it on a CPU with
 ``cpu_features``, docs/design.md "CPU speed"):
 
 - MX (E8M0 block scales: MXFP8 E4M3 / E5M2, and any MX element type) and NVFP4: each operand
-  dequantized to bfloat16 and one XLA dot with float32 accumulation
-  (``preferred_element_type=float32``), the work ``jax.nn.scaled_matmul`` does on Hopper. Every
+  dequantized to bfloat16 (converted and multiplied in bfloat16) and one XLA dot with float32
+  accumulation, the work ``jax.nn.scaled_matmul`` does on Hopper; on CUDA a bfloat16 / float16 MX
+  result comes straight out of the dot (docs/design.md "The dot's default on GPU"). Every
   element x block scale is then exactly a bfloat16 value except when an E8M0 block scale is
   below 2^(-133 - log2(smallest subnormal of the element type)): 2^-124 for E4M3, 2^-117 for E5M2
   (docs/formats.md, "Exactness of the bf16 dequantization"). Where the formats alone prove it
@@ -88,29 +89,47 @@ def scales_exact(q, info: _dot.FormatInfo) -> jax.Array:
 
 
 def _dequantized(q, info: _dot.FormatInfo, dtype) -> jax.Array:
-    # The product is formed in float32 (exact: see min_exact_scale_exponent) and rounded to
-    # ``dtype`` once, which for bfloat16 within the bound changes nothing.
-    return (q.data.astype(jnp.float32) * _dot._expanded_scale(q, info)).astype(dtype)
+    """Element x block scale, computed in ``dtype`` itself: for bfloat16 every operand and product
+    is a bfloat16 value where this path is taken (min_exact_scale_exponent, exact_statically), so
+    the product is exact, and XLA sees one convert-and-multiply per operand writing bfloat16 (no
+    float32 copy of the operand, the pattern of XLA's own block-scaled dot on Hopper)."""
+    return q.data.astype(dtype) * _dot._expanded_scale(q, info, dtype)
 
 
-def _dot_general(a, b, p: _dot.DotProblem, precision=None) -> jax.Array:
+def _dot_general(a, b, p: _dot.DotProblem, precision=None, out=jnp.float32) -> jax.Array:
     dn = ((p.lhs_contract, p.rhs_contract), (p.lhs_batch, p.rhs_batch))
-    return lax.dot_general(a, b, dn, precision=precision, preferred_element_type=jnp.float32)
+    return lax.dot_general(a, b, dn, precision=precision, preferred_element_type=out)
+
+
+def _direct_out(lhs, rhs, p: _dot.DotProblem):
+    """On CUDA, a bfloat16 / float16 result without global scales comes straight out of the dot:
+    XLA:GPU's GEMMs accumulate bf16 x bf16 in float32 and round once at the end, the same
+    arithmetic as a float32 result rounded afterwards, without writing and reading back a float32
+    copy of the output (1.5x the bf16 output's bytes, measured in HLO: docs/design.md "The dot's
+    default on GPU"). On CPU the float32 result is kept (what XLA:CPU accumulates a narrower
+    result in is not documented)."""
+    if backends.current_platform() != "cuda" or lhs.global_scale is not None or rhs.global_scale is not None:
+        return jnp.dtype(jnp.float32)
+    return p.out_dtype
 
 
 def _finish(acc, lhs, rhs, p: _dot.DotProblem) -> jax.Array:
     """Global scales (NVFP4) on the float32 accumulator, as the reference does, then the cast."""
+    if lhs.global_scale is None and rhs.global_scale is None:
+        return acc.astype(p.out_dtype)
     return (acc * (_dot._global(lhs, acc.ndim) * _dot._global(rhs, acc.ndim))).astype(p.out_dtype)
 
 
 def _block_dot(lhs, rhs, p: _dot.DotProblem, sel) -> jax.Array:
+    out = _direct_out(lhs, rhs, p)
+
     def bf16_dot(lhs, rhs):
         return _dot_general(_dequantized(lhs, p.lhs_format, jnp.bfloat16),
-                            _dequantized(rhs, p.rhs_format, jnp.bfloat16), p)
+                            _dequantized(rhs, p.rhs_format, jnp.bfloat16), p, out=out)
 
     def f32_dot(lhs, rhs):
         return _dot_general(_dequantized(lhs, p.lhs_format, jnp.float32),
-                            _dequantized(rhs, p.rhs_format, jnp.float32), p, lax.Precision.HIGHEST)
+                            _dequantized(rhs, p.rhs_format, jnp.float32), p, lax.Precision.HIGHEST).astype(out)
 
     checks = [(q, f) for q, f in ((lhs, p.lhs_format), (rhs, p.rhs_format)) if not exact_statically(f)]
     if not checks:

@@ -1,6 +1,7 @@
 """Block-scaled formats: the ``quantize`` / ``dequantize`` ops and ``BlockScaledArray`` (``quantize``),
-their exact reference (``reference``, the definition the handlers match bit for bit), the float4
-buffer layout probe (``fp4_layout``) and exact re-encoding of MXFP4 weights (``reencode``).
+their exact reference (``reference``, the definition the handlers match bit for bit), the ``xla``
+backend (``xla``: the same bits as one pass of XLA's own ops), the float4 buffer layout probe
+(``fp4_layout``) and exact re-encoding of MXFP4 weights (``reencode``).
 
 May import: ``jax_gpuext.common`` and modules of this package. Never ``dot``, ``collectives``,
 ``memory`` or ``checkpoints`` (they build on formats). Modules of this package import each other

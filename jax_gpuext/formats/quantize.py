@@ -2,10 +2,11 @@
 per-tensor FP8 (FP8_TENSOR: the FP8 blockwise rule with the whole tensor as the block).
 
 ``quantize(x, fmt)`` returns a :class:`BlockScaledArray` (data, per-block scales, optional
-per-tensor global scale); ``dequantize(q)`` turns it back into floats. Three implementations
-agree bit for bit: the pure-jnp reference (``formats.reference``, the definition), the CPU FFI
-handler (``ffi/cpu/formats.cc``) and the CUDA kernels (``csrc/formats/``). docs/formats.md
-states the rules.
+per-tensor global scale); ``dequantize(q)`` turns it back into floats. Four implementations
+agree bit for bit: the pure-jnp reference (``formats.reference``, the definition), the ``xla``
+backend (``formats.xla``: the same rules as one pass of XLA, what ``auto`` runs on a GPU until
+our CUDA kernels are verified there), the CPU FFI handler (``ffi/cpu/formats.cc``) and the CUDA
+kernels (``csrc/formats/``). docs/formats.md states the rules.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from jax_gpuext.common import extension as _ext
 from jax_gpuext.common import ffi as _ffi
 from jax_gpuext.common.errors import UnsupportedError, require_bool
 from jax_gpuext.formats import reference as ref
+from jax_gpuext.formats import xla as formats_xla
 
 QUANTIZE_OP = "quantize"
 DEQUANTIZE_OP = "dequantize"
@@ -349,11 +351,16 @@ backends.register(QUANTIZE_OP, backends.Backend(
     _handler_supports("cuda")))
 # CPU order = a recorded measurement, not an assumption: benchmarks/bench_cpu.py times both exact
 # paths in one process and prints which is faster (docs/design.md "CPU speed (issue 18)").
-_CPU_MEASURED = ("measured faster than the jnp reference for every format (vectorised, threaded; "
-                 "benchmarks/bench_cpu.py, docs/design.md 'CPU speed')")
+_CPU_MEASURED = ("measured faster than the xla backend and the jnp reference for every format (vectorised, "
+                 "threaded; benchmarks/bench_cpu.py, docs/design.md 'CPU speed')")
 backends.register(QUANTIZE_OP, backends.Backend(
     "cpu", ("cpu",), ("cpu_extension",), f"C++ CPU handler (gpuext_quantize), {_CPU_MEASURED}",
     _handler_supports("cpu")))
+# XLA's own ops, bit-identical to the reference in one pass (no loop): auto's choice on a GPU
+# where the CUDA kernels are not verified (docs/design.md "The xla backend of quantize").
+_XLA_DESCRIPTION = ("pure XLA, one pass, bit-identical to the reference (formats.xla: integer rules, "
+                    "loop-free exact division)")
+backends.register(QUANTIZE_OP, backends.Backend("xla", ("cuda", "cpu"), (), _XLA_DESCRIPTION))
 backends.register(QUANTIZE_OP, backends.Backend(
     "reference", ("cpu", "cuda"), (), "pure-jnp reference on bit patterns"))
 backends.register(DEQUANTIZE_OP, backends.Backend(
@@ -362,6 +369,7 @@ backends.register(DEQUANTIZE_OP, backends.Backend(
 backends.register(DEQUANTIZE_OP, backends.Backend(
     "cpu", ("cpu",), ("cpu_extension",), f"C++ CPU handler (gpuext_dequantize), {_CPU_MEASURED}",
     _handler_supports("cpu")))
+backends.register(DEQUANTIZE_OP, backends.Backend("xla", ("cuda", "cpu"), (), _XLA_DESCRIPTION))
 backends.register(DEQUANTIZE_OP, backends.Backend(
     "reference", ("cpu", "cuda"), (), "pure-jnp reference on bit patterns"))
 
@@ -414,15 +422,19 @@ def quantize(x, fmt, *, axis: int = -1, scale_rounding: str | None = None, globa
     ax = _normalize_axis(axis, x.ndim, fmt, x.shape)
     scale_rounding = _check_scale_rounding(scale_rounding, fmt)
     g = _check_global_scale(global_scale, fmt)
-    if fmt.has_global_scale and g is None:
-        g = ref.nvfp4_global_scale(x)
     sel = backends.select(QUANTIZE_OP, backend, problem=(fmt, x.shape, x.dtype))
     _note_fp4_layout(sel, fmt)
+    if fmt.has_global_scale and g is None:
+        g = ref.nvfp4_global_scale(x)
 
     def run(x, *gs):
         g = gs[0] if gs else None
+        if x.size == 0 and not fmt.per_tensor and sel.chosen in ("reference", "xla"):
+            return _quantize_empty(x, fmt, ax)
         if sel.chosen == "reference":
             return _quantize_reference(x, fmt, ax, scale_rounding, g)
+        if sel.chosen == "xla":
+            return formats_xla.quantize(x, fmt, ax, scale_rounding, g)
         return _quantize_ffi(x, fmt, ax, scale_rounding, g, sel.chosen)
 
     # One derivative rule for every backend, above the backend choice (docs/formats.md, "Gradients").
@@ -559,10 +571,15 @@ def _quantize_blocks(bits, amax, fmt: BlockFormat, rounding: str, g_bits):
     return ref.fp8_blockwise_quantize_blocks(bits, amax)
 
 
+def _quantize_empty(x, fmt: BlockFormat, axis: int):
+    """No blocks (and a block length of 0 to divide by): zero data, zero scale bits."""
+    return (_codes_to_elements(jnp.zeros(x.shape, jnp.uint32), fmt.elem_dtype),
+            _scale_from_bits(jnp.zeros(scale_shape(x.shape, fmt, axis), jnp.uint32), fmt))
+
+
 def _quantize_reference(x, fmt: BlockFormat, axis: int, rounding: str, g):
-    if x.size == 0 and not fmt.per_tensor:  # no blocks (and a block length of 0 to divide by)
-        return (_codes_to_elements(jnp.zeros(x.shape, jnp.uint32), fmt.elem_dtype),
-                _scale_from_bits(jnp.zeros(scale_shape(x.shape, fmt, axis), jnp.uint32), fmt))
+    if x.size == 0 and not fmt.per_tensor:
+        return _quantize_empty(x, fmt, axis)
     bits = ref.to_f32_bits(x)
     if fmt.per_tensor:  # one block: the whole tensor (initial=0: an empty tensor gets scale 1)
         amax = jnp.max(bits & jnp.uint32(ref.F32_ABS_MASK), initial=np.uint32(0))
@@ -639,6 +656,8 @@ def dequantize(q: BlockScaledArray, dtype=jnp.float32, *, backend: str = "auto")
         parts = BlockScaledArray.tree_unflatten((fmt, q.axis), (data, scale, gs[0] if gs else None))
         if sel.chosen == "reference":
             return _dequantize_reference(parts, dtype)
+        if sel.chosen == "xla":
+            return jnp.zeros(data.shape, dtype) if data.size == 0 else formats_xla.dequantize(parts, dtype)
         out = jax.ShapeDtypeStruct(data.shape, dtype)
         g = _ffi_global_scale(parts.global_scale).astype(jnp.float32)
         return _ffi.ffi_call(DEQUANTIZE_TARGET, out, data, scale, g, vmap_method="broadcast_all",

@@ -23,7 +23,7 @@ from jax_gpuext import formats, memory
 
 FORMATS = list(formats.FORMATS.values())
 IDS = [f.name for f in FORMATS]
-BACKENDS = ["reference", "cpu"]  # every quantize/dequantize backend on a CPU machine
+BACKENDS = ["reference", "xla", "cpu"]  # every quantize/dequantize backend on a CPU machine
 
 
 def bits(a):

@@ -29,9 +29,10 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import update_verified  # noqa: E402
 
 NOT_VERIFIED = "not verified on sm_90 at this source (see benchmarks/results)"
-XLA_NATIVE = {("block_scaled_dot", "xla"), ("block_scaled_dot", "reference"), ("quantize", "reference"),
-              ("dequantize", "reference"), ("all_reduce", "xla"), ("all_reduce", "reference"),
-              ("place", "memory_kind"), ("place", "xla"), ("ragged_dot", "xla"), ("ragged_dot", "reference")}
+XLA_NATIVE = {("block_scaled_dot", "xla"), ("block_scaled_dot", "reference"), ("quantize", "xla"),
+              ("quantize", "reference"), ("dequantize", "xla"), ("dequantize", "reference"), ("all_reduce", "xla"),
+              ("all_reduce", "reference"), ("place", "memory_kind"), ("place", "xla"), ("ragged_dot", "xla"),
+              ("ragged_dot", "reference")}
 
 
 # --------------------------------------------------------------------------- a simulated H100
@@ -130,9 +131,11 @@ def test_simulated_h100_without_results_runs_xla_for_the_dot_and_formats(h100, f
 
     ex, jaxpr = _cuda_calls(step, x, qw)
     assert "ffi_call" not in jaxpr and "gpuext_" not in jaxpr
+    assert "while" not in jaxpr  # the xla formats backend divides without a loop (issue 28)
     chosen = {(c.op, c.chosen) for c in ex.calls}
     assert chosen <= XLA_NATIVE, chosen
     by_op = {c.op: c for c in ex.calls}
+    assert by_op["quantize"].chosen == by_op["dequantize"].chosen == "xla"
     _check_passed_over(by_op["quantize"], ["cuda"])
     _check_passed_over(by_op["dequantize"], ["cuda"])
     dot = by_op["block_scaled_dot"]
@@ -164,6 +167,24 @@ def test_simulated_h100_without_results_all_reduce_and_place_use_xla(h100):
     if not memory_gate:
         assert "jaxlib_custom_call_memory_spaces" in dict(call.rejected)["custom_call"]
     assert any("not applied" in n for n in call.notes)
+
+
+@pytest.mark.parametrize("fmt", [f for f in gx.formats.FORMATS.values()], ids=lambda f: f.name)
+def test_simulated_h100_auto_quantizes_like_the_reference(h100, fmt):
+    """What an H100 user gets by default (auto: the xla backend, the CUDA kernels unverified),
+    executed here on the CPU: the reference's bits, quantize and dequantize."""
+    x = (jax.random.normal(jax.random.key(3), (2, 96, 160), jnp.float32) * 50).astype(jnp.bfloat16)
+    x = x.at[0, 0, 0].set(jnp.inf).at[1, 5].set(0)
+    with backends.platform("cuda"):
+        q = jax.jit(lambda v: gx.quantize(v, fmt))(x)
+        y = jax.jit(lambda q: gx.dequantize(q, jnp.bfloat16))(q)
+    r = jax.jit(lambda v: gx.quantize(v, fmt, backend="reference"))(x)
+    for part in ("data", "scale", "global_scale"):
+        if getattr(r, part) is not None:
+            np.testing.assert_array_equal(np.atleast_1d(np.asarray(getattr(q, part))).view(np.uint8),
+                                          np.atleast_1d(np.asarray(getattr(r, part))).view(np.uint8), err_msg=part)
+    want = jax.jit(lambda q: gx.dequantize(q, jnp.bfloat16, backend="reference"))(r)
+    np.testing.assert_array_equal(np.asarray(y).view(np.uint16), np.asarray(want).view(np.uint16))
 
 
 def test_passing_over_is_logged_once(h100, caplog):
@@ -201,7 +222,7 @@ def test_a_record_entry_turns_a_backend_on_and_a_changed_fingerprint_off(h100):
 def test_quantize_turns_on_with_its_record_entry(h100):
     x = jnp.ones((4, 64), jnp.float32)
     sel = lambda: gx.explain(lambda v: gx.quantize(v, gx.MXFP8_E4M3), x, platform="cuda").calls[0]  # noqa: E731
-    assert sel().chosen == "reference"
+    assert sel().chosen == "xla"
     h100.verify("formats.cuda")
     assert sel().chosen == "cuda"
     assert verified.check("formats.cuda").reason == "verified on sm_90 at this source (benchmarks/results/sim.json)"

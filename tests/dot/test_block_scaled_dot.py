@@ -196,10 +196,13 @@ def test_nvfp4_global_scales_applied():
     y = gx.block_scaled_dot(lhs, rhs, preferred_element_type=jnp.float32)
     want, mag = np_block_scaled_dot(lhs, rhs, (((1,), (1,)), ((), ())))
     assert_close_to_f64(y, want, mag)
-    # Against the unquantized product, loosely: 4-bit elements (the block's largest may saturate
-    # under NVFP4's default round-to-nearest scale) put single elements up to ~8% of the largest
-    # off (measured); a global scale applied wrongly (or not at all) would be off by 4x or more.
-    np.testing.assert_allclose(np.asarray(y), np.asarray(x @ w.T), rtol=0.3, atol=0.1 * float(jnp.abs(x @ w.T).max()))
+    # Against the unquantized product, within docs/formats.md's error bound (|x - deq(q(x))| <= amax/4
+    # of x's 16-element block, both roundings): a wrong or missing global scale is far outside it.
+    xs, ws = (np.asarray(v, np.float64) for v in (x, w))
+    ex, ew = (np.repeat(np.abs(v).reshape(len(v), -1, 16).max(-1), 16, -1) / 4 for v in (xs, ws))
+    bound = ex @ np.abs(ws).T + np.abs(xs) @ ew.T + ex @ ew.T
+    assert (np.abs(np.asarray(y, np.float64) - xs @ ws.T) <= bound * 1.001).all()
+    assert np.abs(np.asarray(y, np.float64) - xs @ ws.T).max() < 0.2 * np.abs(xs @ ws.T).max()
 
 
 @pytest.mark.parametrize("fmt", [gx.FP8_TENSOR, gx.NVFP4], ids=lambda f: f.name)

@@ -218,3 +218,76 @@ def test_run_time_check_at_the_edges(elem, bound):
         np.testing.assert_array_equal(got, ref)
     nan_scale = gx.BlockScaledArray(data, jnp.full((2, 2), jnp.nan, jnp.float32).astype(E8M0), None, fmt, -1)
     assert bool(dot_xla.scales_exact(nan_scale, info))  # NaN stays NaN in bf16
+
+
+# --------------------------------------------------------------------------- what XLA:GPU receives
+def _bf16_branch(text: str) -> str:
+    """The part of a lowered module the bf16 path runs: the second region of a stablehlo.case
+    (lax.cond's true branch) where there is one, else all of it."""
+    if '"stablehlo.case"' not in text:
+        return text
+    start = text.index('"stablehlo.case"')
+    return text[text.index("}, {", start):text.index("}) :", start)]
+
+
+def _operand_sized_f32(text: str, *shapes) -> list[str]:
+    return [line for line in text.splitlines() for s in shapes if f"tensor<{s[0]}x{s[1]}xf32>" in line]
+
+
+@pytest.mark.parametrize("fmt", [gx.MXFP8_E4M3, gx.NVFP4, gx.MXFP4], ids=lambda f: f.name)
+def test_cuda_lowering_dequantizes_to_bf16_and_returns_bf16(fmt):
+    """Lowered for CUDA (docs/design.md "The dot's default on GPU"): each operand goes from its
+    8/4-bit data to bfloat16 in one convert-and-multiply, with no float32 tensor of an operand's
+    size on the bf16 path, and a bfloat16 result comes straight out of the dot (MX: no global
+    scale to apply to a float32 accumulator first)."""
+    m, n, k = 48, 80, 256
+    x, w = _inputs(4, m, n, k, False)
+    qx, qw = gx.quantize(x, fmt), gx.quantize(w.T, fmt, axis=0)  # w.T: (K, N), quantized along K
+    dn = (((1,), (0,)), ((), ()))
+    f = jax.jit(lambda a, b: gx.block_scaled_dot(a, b, dn, preferred_element_type=jnp.bfloat16, backend="xla"))
+    with gx.common.backends.platform("cuda"):
+        text = f.trace(qx, qw).lower(lowering_platforms=("cuda",)).as_text()
+    path = _bf16_branch(text)
+    assert not _operand_sized_f32(path, (m, k), (k, n))
+    assert any("stablehlo.multiply" in line and f"tensor<{m}x{k}xbf16>" in line for line in path.splitlines())
+    out = "bf16" if fmt.is_mx else "f32"  # NVFP4's global scales multiply the float32 accumulator
+    assert any("dot_general" in line and f"-> tensor<{m}x{n}x{out}>" in line for line in path.splitlines())
+
+
+def test_cuda_training_step_has_no_transposed_copy():
+    """The MXFP8 training step through scaled_dot_general, lowered for CUDA: no transpose at all
+    (the backward quantizes the saved lhs along its rows in place instead of a transposed bf16
+    copy), and every bf16-path dot returns the operands' bfloat16 (no float32 gradient converted
+    afterwards). On CPU the transposed copy stays (XLA:CPU's dot is 3x slower without it)."""
+    a = jax.random.normal(jax.random.key(0), (64, 256), jnp.bfloat16)
+    b = jax.random.normal(jax.random.key(1), (256, 96), jnp.bfloat16)
+    dn = (((1,), (0,)), ((), ()))
+
+    def loss(a, b):
+        return jnp.sum(jnp.square(gx.scaled_dot_general(a, b, dn).astype(jnp.float32)))
+    step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+    with gx.common.backends.platform("cuda"):
+        text = step.trace(a, b).lower(lowering_platforms=("cuda",)).as_text()
+    assert "stablehlo.transpose" not in text
+    assert text.count('"stablehlo.case"') == 3  # the forward and two gradient dots, each checking its E8M0 scales
+    for shape in ((64, 96), (64, 256), (256, 96)):
+        assert f"-> tensor<{shape[0]}x{shape[1]}xbf16>" in text
+    assert "stablehlo.transpose" in jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).trace(a, b).lower().as_text()
+
+
+def test_cuda_training_step_computes_the_cpu_steps_gradients():
+    """The CUDA form of the backward (lhs quantized along its rows in place, bf16 results straight
+    from the dots), traced for CUDA and run here, gives the CPU form's values (the same blocks;
+    the dot results differ at most by the order of the float32 accumulation)."""
+    a = jax.random.normal(jax.random.key(2), (64, 256), jnp.bfloat16)
+    b = jax.random.normal(jax.random.key(3), (256, 96), jnp.bfloat16)
+    dn = (((1,), (0,)), ((), ()))
+
+    def grads(a, b):
+        return jax.grad(lambda a, b: jnp.sum(jnp.square(
+            gx.scaled_dot_general(a, b, dn, backend="xla").astype(jnp.float32))), argnums=(0, 1))(a, b)
+    want = jax.jit(grads)(a, b)
+    with gx.common.backends.platform("cuda"):
+        got = jax.jit(grads)(a, b)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), rtol=1e-2, atol=1e-2)

@@ -1,6 +1,8 @@
 """Block-scaled formats: bit-exact against an independent float64 NumPy statement of the rules
-(tests/_formats_numpy.py), CPU handler == jnp reference bit for bit, special values, partial
-blocks, jit/vmap, lowering and errors. CUDA comparisons live in test_formats_gpu.py."""
+(tests/_formats_numpy.py), the CPU handler, the ``xla`` backend and the jnp reference alike, bit
+for bit; special values, partial blocks, jit/vmap, lowering and errors. CUDA comparisons live in
+test_formats_gpu.py; what only the ``xla`` backend needs (its division, its HLO) in
+test_formats_xla.py."""
 
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ def rounding_of(fmt, rounding):
     rules"), stated here independently of jax_gpuext's own default_scale_rounding."""
     return rounding if rounding is not None else ("nearest" if fmt is gx.NVFP4 else "up")
 DTYPES = [np.float32, ml_dtypes.bfloat16, np.float16]
+BACKENDS = ["reference", "xla", "cpu"]  # every backend that runs on CPU
 MX_ELEM = {"MXFP8_E4M3": npref.E4M3, "MXFP8_E5M2": npref.E5M2, "MXFP4": npref.E2M1}
 
 
@@ -113,6 +116,13 @@ def quantizer(fmt, backend, axis=-1, rounding=None):
 
 
 @functools.cache
+def nvfp4_quantizer(backend, rounding, axis=-1):
+    """NVFP4 with the global scale as an argument (one compilation for every g)."""
+    return jax.jit(lambda x, g: gx.quantize(x, gx.NVFP4, axis=axis, global_scale=g, scale_rounding=rounding,
+                                            backend=backend))
+
+
+@functools.cache
 def dequantizer(backend, dtype):
     return jax.jit(lambda q: gx.dequantize(q, dtype, backend=backend))
 
@@ -134,7 +144,7 @@ def big_inputs():
 
 
 @pytest.mark.parametrize("fmt,rounding", FORMAT_ROUNDINGS, ids=FR_IDS)
-@pytest.mark.parametrize("backend", ["reference", "cpu"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_quantize_bit_exact_10k_blocks(fmt, rounding, backend, big_inputs):
     x = big_inputs[fmt.name]
     q = quantizer(fmt, backend, rounding=rounding)(x)
@@ -153,7 +163,7 @@ def test_quantize_bit_exact_10k_blocks(fmt, rounding, backend, big_inputs):
 def test_half_inputs_and_outputs_bit_exact(fmt, rounding, dtype):
     x = random_blocks(7, 400, block_shape(fmt), dtype)
     values, scale, g = expected_quantize(x, fmt, rounding=rounding)
-    for backend in ("reference", "cpu"):
+    for backend in BACKENDS:
         q = quantizer(fmt, backend, rounding=rounding)(x)
         assert_bits_equal(q.data, elem_bits(values, fmt), f"{fmt.name} {backend} data")
         assert_bits_equal(q.scale, scale_bits(scale, fmt), f"{fmt.name} {backend} scale")
@@ -170,32 +180,42 @@ def every_bf16_up_to(top):
     return np.concatenate([v, -v])
 
 
-SWEPT = [(gx.MXFP8_E4M3, None), (gx.MXFP8_E5M2, None), (gx.MXFP4, None), (gx.NVFP4, None), (gx.NVFP4, "up"),
-         (gx.FP8_1x128, None)]
+def sweep_blocks(top, b):
+    """every_bf16_up_to(top) in rows of b - 1, each row ending in `top` (which fixes its block's
+    amax), zero-padded to one shape whatever `top` (every finite bf16 value, 2 * 0x7F80, fits): one
+    compilation per quantizer for all tops (the xla backend's NVFP4 takes ~1 s to compile)."""
+    v = every_bf16_up_to(top)
+    v = np.concatenate([v, np.zeros(-(-2 * 0x7F80 // (b - 1)) * (b - 1) - len(v), np.float32)]).reshape(-1, b - 1)
+    return np.concatenate([v, np.full((len(v), 1), top, np.float32)], axis=1).astype(ml_dtypes.bfloat16)
 
 
-@pytest.mark.parametrize("fmt,rounding", SWEPT, ids=[f.name + ("-up" if r else "") for f, r in SWEPT])
+SWEPT = ["cpu", "xla"]  # the backends with paths of their own for bf16 / division (the reference has none)
+SWEPT_FORMATS = [(gx.MXFP8_E4M3, None), (gx.MXFP8_E5M2, None), (gx.MXFP4, None), (gx.NVFP4, None),
+                 (gx.NVFP4, "up"), (gx.FP8_1x128, None)]
+
+
+@pytest.mark.parametrize("backend", SWEPT)
+@pytest.mark.parametrize("fmt,rounding", SWEPT_FORMATS, ids=[f.name + ("-up" if r else "") for f, r in SWEPT_FORMATS])
 @pytest.mark.parametrize("top", [1.0, 3.0 * 2.0 ** -100, 1.5 * 2.0 ** 100, 448.0], ids=["1", "3e-100", "1.5e100", "448"])
-def test_every_bf16_value_in_a_block_bit_exact(fmt, rounding, top):
-    """The CPU handler's bf16 paths (16-bit lanes for MX, batched block scales for all) against
-    the float64 model on every bf16 value up to a block's amax: every tie, every subnormal code.
+def test_every_bf16_value_in_a_block_bit_exact(fmt, rounding, top, backend):
+    """The CPU handler's bf16 paths (16-bit lanes for MX, batched block scales for all) and the
+    xla backend's (extended bits, division by remainder, NVFP4's two divisions) against the float64
+    model on every bf16 value up to a block's amax: every tie, every subnormal code.
     Each block holds `top` once (fixing its scale) and block-1 swept values; along the last axis
     (whole blocks) and along rows (the strided path). FP8_1x128 divides by top / 448, exact only
     for top = 448 (divisor 1): the one top at which its quotients land on E4M3's ties."""
-    b = fmt.block[0]
-    v = every_bf16_up_to(top)
-    v = np.concatenate([v, np.zeros((-len(v)) % (b - 1), np.float32)]).reshape(-1, b - 1)
-    x = np.concatenate([v, np.full((len(v), 1), top, np.float32)], axis=1).astype(ml_dtypes.bfloat16)
+    x = sweep_blocks(top, fmt.block[0])
     for axis, arr in ((-1, x), (0, np.ascontiguousarray(x.T))):
         values, scale, g = expected_quantize(arr, fmt, axis=axis, rounding=rounding)
-        q = quantizer(fmt, "cpu", axis=axis, rounding=rounding)(arr)
+        q = quantizer(fmt, backend, axis=axis, rounding=rounding)(arr)
         assert_bits_equal(q.data, elem_bits(values, fmt), f"{fmt.name} axis={axis} data")
         assert_bits_equal(q.scale, scale_bits(scale, fmt), f"{fmt.name} axis={axis} scale")
 
 
+@pytest.mark.parametrize("backend", SWEPT)
 @pytest.mark.parametrize("cols", [128, 100], ids=["whole_tiles", "partial_tiles"])
 @pytest.mark.parametrize("top", [1.0, 1.5 * 2.0**100, 448.0 * 2.0**-20], ids=["1", "1.5e100", "448e-20"])
-def test_every_bf16_value_fp8_tiles_and_per_tensor(cols, top):
+def test_every_bf16_value_fp8_tiles_and_per_tensor(cols, top, backend):
     """bf16 x FP8_128x128 and FP8_TENSOR divide on 16-bit lanes widened to fp32
     (QuantizeBf16Div: 32-element steps, then a scalar tail). Every bf16 value up to `top`, in
     rows of `cols` (100: each row's run is 3 steps and a 4-element tail) that all hold `top`, so
@@ -205,19 +225,20 @@ def test_every_bf16_value_fp8_tiles_and_per_tensor(cols, top):
     v = np.concatenate([v, np.zeros((-len(v)) % (cols - 1), np.float32)]).reshape(-1, cols - 1)
     x = np.concatenate([v, np.full((len(v), 1), top, np.float32)], axis=1).astype(ml_dtypes.bfloat16)
     values, scale, _ = expected_quantize(x, gx.FP8_128x128)
-    q = quantizer(gx.FP8_128x128, "cpu")(x)
+    q = quantizer(gx.FP8_128x128, backend)(x)
     assert_bits_equal(q.data, elem_bits(values, gx.FP8_128x128), f"FP8_128x128 cols={cols} data")
     assert_bits_equal(q.scale, scale_bits(scale, gx.FP8_128x128), f"FP8_128x128 cols={cols} scale")
     values, scale = expected_per_tensor(x[None])
-    q = per_tensor_quantizer("cpu")(x[None])
+    q = per_tensor_quantizer(backend)(x[None])
     assert_bits_equal(q.data, elem_bits(values, gx.FP8_TENSOR), f"FP8_TENSOR cols={cols} data")
     assert_bits_equal(q.scale, scale_bits(scale, gx.FP8_TENSOR), f"FP8_TENSOR cols={cols} scale")
 
 
+@pytest.mark.parametrize("backend", SWEPT)
 @pytest.mark.parametrize("rounding", ["nearest", "up"])
 @pytest.mark.parametrize("g", [2.0**-126, 2.0**-125, 2.0**-124, 2.0**-123, 2.0**-110, 2.0**100, 2.0**119, 2.0**120,
                                2.0**122, 0.37, 3.1e-30 / 7, 1 / 2688], ids=lambda g: f"{g:.3g}")
-def test_nvfp4_bf16_every_value_at_extreme_divisors(g, rounding):
+def test_nvfp4_bf16_every_value_at_extreme_divisors(g, rounding, backend):
     """bf16 x NVFP4 rounds by comparing |x| with 7 per-block thresholds computed in double
     (Nvfp4Table, by the block's E4M3 scale code and the global scale). Given global scales put
     the block divisor (E4M3 scale x g) at the smallest the path accepts (2^-124), below it (the
@@ -229,23 +250,12 @@ def test_nvfp4_bf16_every_value_at_extreme_divisors(g, rounding):
     g = np.float32(g)
     # A block amax of up to ~450 x 6g (the E4M3 scale near its top), capped at bf16's largest.
     tops = [float(np.float32(min(f * 6 * float(g), 3.3e38))) for f in (0.01, 1.0, 1.5, 300.0)]
-    q_of = jax.jit(lambda v: gx.quantize(v, gx.NVFP4, global_scale=g, scale_rounding=rounding, backend="cpu"))
     for top in tops:
-        top = float(np.float32(ml_dtypes.bfloat16(top)))
-        v = every_bf16_up_to(top)
-        v = np.concatenate([v, np.zeros((-len(v)) % 15, np.float32)]).reshape(-1, 15)
-        x = np.concatenate([v, np.full((len(v), 1), top, np.float32)], axis=1).astype(ml_dtypes.bfloat16)
+        x = sweep_blocks(float(np.float32(ml_dtypes.bfloat16(top))), 16)
         values, scale, _ = expected_quantize(x, gx.NVFP4, g=g, rounding=rounding)
-        q = q_of(x)
+        q = nvfp4_quantizer(backend, rounding)(x, g)
         assert_bits_equal(q.data, elem_bits(values, gx.NVFP4), f"g={g} top={top} data")
         assert_bits_equal(q.scale, scale_bits(scale, gx.NVFP4), f"g={g} top={top} scale")
-
-
-@functools.cache
-def nvfp4_quantizer(backend, rounding, axis=-1):
-    """NVFP4 with the global scale as an argument (one compilation for every g)."""
-    return jax.jit(lambda x, g: gx.quantize(x, gx.NVFP4, axis=axis, global_scale=g, scale_rounding=rounding,
-                                            backend=backend))
 
 
 @pytest.mark.parametrize("rounding", ["nearest", "up"])
@@ -273,7 +283,7 @@ def test_nvfp4_bit_exact_around_the_global_scale(rounding, dtype):
         x[5] = 0  # an all-zero block
         values, scale, _ = expected_quantize(x, gx.NVFP4, g=g, rounding=rounding)
         assert (scale == 0).any() == (rounding == "nearest") and (scale == 448).any()
-        for backend in ("reference", "cpu"):
+        for backend in BACKENDS:
             q = nvfp4_quantizer(backend, rounding)(x, g)
             what = f"NVFP4 {rounding} g={g} {np.dtype(dtype).name} {backend}"
             assert_bits_equal(q.data, elem_bits(values, gx.NVFP4), f"{what} data")
@@ -292,7 +302,7 @@ def test_nvfp4_bit_exact_around_the_global_scale(rounding, dtype):
 def test_ocp_rounding_bit_exact(fmt):
     x = random_blocks(3, 2000, block_shape(fmt), np.float32)
     values, scale, _ = expected_quantize(x, fmt, rounding="ocp")
-    for backend in ("reference", "cpu"):
+    for backend in BACKENDS:
         q = quantizer(fmt, backend, rounding="ocp")(x)
         assert_bits_equal(q.data, elem_bits(values, fmt), f"{fmt.name} {backend} ocp data")
         assert_bits_equal(q.scale, scale_bits(scale, fmt), f"{fmt.name} {backend} ocp scale")
@@ -305,7 +315,7 @@ def test_partial_blocks_and_axes(fmt, rounding):
     axes = [-1] if fmt is gx.FP8_128x128 else [-1, 1]
     for axis in axes:
         values, scale, g = expected_quantize(x, fmt, axis=axis, rounding=rounding)
-        for backend in ("reference", "cpu"):
+        for backend in BACKENDS:
             q = quantizer(fmt, backend, axis=axis, rounding=rounding)(x)
             assert q.data.shape == x.shape and q.scale.shape == formats.scale_shape(x.shape, fmt, axis)
             assert_bits_equal(q.data, elem_bits(values, fmt), f"{fmt.name} axis={axis} {backend}")
@@ -328,7 +338,7 @@ def test_special_values(fmt):
         special[:128, :128] = True
     else:
         special[:2, :b] = True
-    for backend in ("reference", "cpu"):
+    for backend in BACKENDS:
         y = np.asarray(dequantizer(backend, jnp.float32)(quantizer(fmt, backend)(x)))
         assert np.isnan(y[special]).all() and not np.isnan(y[~special]).any()
         assert (y[128:, 128:] == 0).all() and (y[~special] != 0).sum() == (x[~special] != 0).sum()
@@ -337,7 +347,7 @@ def test_special_values(fmt):
 def test_nvfp4_global_scale_given_and_invalid():
     x = np.linspace(-3, 3, 64, dtype=np.float32).reshape(2, 32)
     values, scale, _ = expected_quantize(x, gx.NVFP4, g=0.01)
-    for backend in ("reference", "cpu"):
+    for backend in BACKENDS:
         f = jax.jit(functools.partial(lambda v, g, b: gx.quantize(v, gx.NVFP4, global_scale=g, backend=b), b=backend))
         q = f(x, np.float32(0.01))
         assert_bits_equal(q.data, elem_bits(values, gx.NVFP4), f"nvfp4 g=0.01 {backend}")
@@ -365,7 +375,7 @@ def test_round_trip_error_bound(fmt, rounding):
     assert (np.abs(y - x) <= bound).all()
 
 
-@pytest.mark.parametrize("backend", ["reference", "cpu"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_jit_vmap_and_pytree(backend):
     """vmap == a loop of single calls, bit for bit; NVFP4 gets one global scale per example."""
     x = np.random.default_rng(2).standard_normal((3, 4, 64)).astype(np.float32)
@@ -477,7 +487,7 @@ def per_tensor_quantizer(backend):
     return jax.jit(jax.vmap(lambda v: gx.quantize(v, gx.FP8_TENSOR, backend=backend)))
 
 
-@pytest.mark.parametrize("backend", ["reference", "cpu"])
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16", "float16"])
 def test_per_tensor_bit_exact_10k_tensors(backend, dtype):
     """10,000 small tensors with their own binary exponents, specials included (a NaN or Inf
@@ -494,7 +504,7 @@ def test_per_tensor_bit_exact_10k_tensors(backend, dtype):
     assert_bits_equal(y, as_bits(expected), f"FP8_TENSOR {backend} dequantized")
 
 
-@pytest.mark.parametrize("backend", ["reference", "cpu"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_per_tensor_one_scale_for_any_shape_and_axis(backend):
     x = (np.random.default_rng(8).standard_normal((3, 150, 131)) * 10).astype(np.float32)
     values, scale = expected_per_tensor(x[None])
@@ -508,7 +518,7 @@ def test_per_tensor_one_scale_for_any_shape_and_axis(backend):
     assert (np.abs(y - x) <= amax * 2.0 ** -4).all()  # half an E4M3 ulp at the top binade (docs/formats.md)
 
 
-@pytest.mark.parametrize("backend", ["reference", "cpu"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_per_tensor_specials_and_empty(backend):
     x = np.ones((4, 8), np.float32)
     x[2, 5] = np.inf
@@ -523,7 +533,7 @@ def test_per_tensor_specials_and_empty(backend):
     np.testing.assert_array_equal(np.asarray(ev.scale), np.ones(3, np.float32))
 
 
-@pytest.mark.parametrize("backend", ["reference", "cpu"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_per_tensor_vmapped_dequantizes_outside_vmap(backend):
     """Quantized under (nested) vmap, the scale holds the leading batch dims ((B,) or (B1, B2));
     dequantizing the whole batch at once must equal dequantizing each example on its own."""

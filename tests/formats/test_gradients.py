@@ -23,7 +23,7 @@ import jax_gpuext as gx
 from jax_gpuext.common import backends, gates
 from jax_gpuext.common.gates import GateResult
 
-BACKENDS = ("reference", "cpu")
+BACKENDS = ("reference", "xla", "cpu")  # every backend that runs on CPU
 FP32_SCALED = (gx.FP8_1x128, gx.FP8_128x128, gx.FP8_TENSOR)
 
 
