@@ -130,6 +130,9 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     _V("JAX_GPUEXT_FUZZ_KEEP_GOING", "str", None,
        "file to which every failing fuzz case is appended instead of stopping at an area's first failure",
        "tests/fuzz/_budget.py", scope="tests"),
+    _V("JAX_GPUEXT_PEER_SUITE", "choice", "ci", "jax's block-scaled tests ported as our peer suite: `ci` (a subset "
+       "covering every dtype and layout) or `full` (jax's whole grid)", "tests/dot/test_jax_parity.py",
+       scope="tests", choices=("ci", "full")),
 )}
 del _V
 

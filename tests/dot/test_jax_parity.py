@@ -19,7 +19,6 @@ docs/coming_from.md lists the differences.
 from __future__ import annotations
 
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +26,7 @@ import numpy as np
 import pytest
 
 import jax_gpuext as gx
+from jax_gpuext.common import env
 
 try:  # jax.nn's quantizer and its (B, M, K) canonicalisation: pure jnp, present since jax 0.6
     from jax._src.cudnn.scaled_matmul_stablehlo import BlockScaleConfig, quantize as jax_nn_quantize
@@ -43,7 +43,7 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float
 # subset runs: each kept shape with one dtype, rotating (shape i with dtype i % 3), and a few shapes
 # of each test chosen to cover every dtype, both training and inference, and the dimension-number
 # layouts jax's cases add (several batch dims, a contracting dim in the middle): 21 cases, ~30 s.
-FULL_GRID = os.environ.get("JAX_GPUEXT_PEER_SUITE", "") == "full"
+FULL_GRID = env.get("JAX_GPUEXT_PEER_SUITE") == "full"
 BUDGET_REASON = "CI budget: a subset of jax's grid runs by default; JAX_GPUEXT_PEER_SUITE=full runs the whole grid"
 
 

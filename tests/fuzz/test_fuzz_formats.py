@@ -121,7 +121,8 @@ def parts_for(fmt, shape, axis, seed, mutation):
     elif mutation == "data_dtype":
         data = np.asarray(data, np.float32)
     elif mutation == "scale_shape":
-        scale = np.ones(tuple(d + 1 for d in ss) or (2,), fmt.scale_dtype)
+        # per-tensor scales may be batched over leading dims: (shape[0] + 1,) is never such a prefix
+        scale = np.ones(tuple(d + 1 for d in ss) or (shape[0] + 1,), fmt.scale_dtype)
     elif mutation == "data_list":
         data = np.asarray(data, np.float32).tolist()
     elif mutation == "global_scale_extra":

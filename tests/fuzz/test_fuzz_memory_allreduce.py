@@ -82,7 +82,8 @@ def test_all_reduce(worker, mesh, rows, seed, specials, data):
     p = _values.one_bad(data, ALL_REDUCE_PARAMS)
     shape, axes = MESHES[mesh]
     ndev = int(np.prod(shape))
-    axis_name = {"all": axes if len(axes) > 1 else axes[0], "first": axes[0]}.get(p["axis_name"], p["axis_name"])
+    drawn = p["axis_name"]  # a name, "all"/"first", or a bad value (maybe unhashable: a list)
+    axis_name = (axes if len(axes) > 1 else axes[0]) if drawn == "all" else axes[0] if drawn == "first" else drawn
     op, dtype = p["op"], p["dtype"]
     if isinstance(op, str) and dtype == np.bool_ and op in ("sum", "prod"):
         op = "or"
