@@ -81,6 +81,7 @@ def test_exported_program_runs_in_a_fresh_process_after_import(tmp_path):
     np.savez(tmp_path / "io.npz", x=x, w=w, *[np.asarray(r) for r in jax.jit(_program())(x, w)])
     run = f"""
         import numpy as np, jax
+        import jax.export  # jax 0.7 does not import the submodule with jax
         exp = jax.export.deserialize(bytearray(open({str(tmp_path / 'f.bin')!r}, 'rb').read()))
         io = np.load({str(tmp_path / 'io.npz')!r})
         got = exp.call(io['x'], io['w'])

@@ -178,6 +178,10 @@ def test_place_refuses_element_types_without_a_known_layout():
         if not hasattr(ml_dtypes, name):
             continue
         x = np.arange(16, dtype=np.float32).astype(getattr(ml_dtypes, name))
+        try:
+            jax.make_jaxpr(lambda v: v)(x)  # tracing only (XLA < 0.12 cannot compile float6 at all)
+        except TypeError:  # jax 0.7 takes no float6 argument at all: nothing reaches place or a handler
+            continue
         for space in (MemorySpace.COLLECTIVE, MemorySpace.TEMP):
             for backend in ("auto", "identity", "xla"):
                 try:
