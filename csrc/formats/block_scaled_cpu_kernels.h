@@ -93,7 +93,9 @@ inline int32_t RoundMagnitude(int32_t b, int32_t limit) {
 // An element code's magnitude -> its exact value as fp32 bits (0, subnormals and normals of E).
 template <class E>
 inline int32_t MagnitudeToF32(int32_t mag) {
-  const int32_t normal = (mag << (23 - E::kMbits)) + ((127 - E::kF.bias) << 23);
+  // Unsigned: callers evaluate discarded lanes too (e.g. a block whose global scale is invalid
+  // gives a negative code there), and a negative int shifted left is undefined (UBSan).
+  const int32_t normal = int32_t((uint32_t(mag) << (23 - E::kMbits)) + (uint32_t(127 - E::kF.bias) << 23));
   const int32_t sub = int32_t(AsBits(AsFloat(uint32_t(E::kMagicBits + mag)) - AsFloat(E::kMagicBits)));
   return mag >= (1 << E::kMbits) ? normal : sub;
 }
