@@ -19,10 +19,10 @@ import shutil
 import subprocess
 import sys
 
+from scikit_build_core.build import build_editable as _skbuild_build_editable
+from scikit_build_core.build import build_wheel as _skbuild_build_wheel
 from scikit_build_core.build import (  # noqa: F401  (re-exported PEP 517 hooks)
-    build_editable,
     build_sdist,
-    build_wheel,
     get_requires_for_build_sdist,
     prepare_metadata_for_build_editable,
     prepare_metadata_for_build_wheel,
@@ -142,3 +142,83 @@ def get_requires_for_build_wheel(config_settings=None):
 
 def get_requires_for_build_editable(config_settings=None):
     return [*_skbuild_requires_editable(config_settings), *gpu_build_requires(config_settings)]
+
+
+# --------------------------------------------------------------------------- the build directory
+def build_configuration(config_settings: dict | None = None) -> str:
+    """A short name of what this build compiles: "cpu", or "cuda<major>-<architectures>". Each
+    configuration keeps its own persistent build directory, so switching between a CPU-only and a
+    CUDA build (or between architectures) never reconfigures or recompiles the other one."""
+    if _setting(config_settings, "JAX_GPUEXT_CUDA", "AUTO").upper() == "OFF":
+        return "cpu"
+    nvcc = find_cuda_compiler(config_settings)
+    version = cuda_version(nvcc) if nvcc else None
+    if version is None:
+        return "cpu"
+    archs = _setting(config_settings, "JAX_GPUEXT_CUDA_ARCHITECTURES", "default") or "default"
+    return f"cuda{version[0]}-" + re.sub(r"[^A-Za-z0-9]+", "_", archs).strip("_")
+
+
+def with_build_dir(config_settings: dict | None) -> dict:
+    """config_settings with build-dir = build/{wheel_tag}-<configuration>, unless the caller set
+    one. The directory is inside the checkout and survives the build: a second `pip install .`
+    reuses its objects (the inputs from pip's temporary build environment are mirrored at stable
+    paths by cmake/stable_inputs.cmake, so an unchanged header never triggers a recompile)."""
+    settings = dict(config_settings or {})
+    if "build-dir" not in settings and "build_dir" not in settings:
+        settings["build-dir"] = "build/{wheel_tag}-" + build_configuration(config_settings)
+    return settings
+
+
+def adopt_build_dirs(configuration: str, source_dir: str | None = None) -> list[str]:
+    """Keeps the persistent build directories of ``configuration`` across build environments.
+
+    scikit-build-core records its own path (inside pip's temporary build environment) in
+    ``<build dir>/.skbuild-info.json`` and, when the next build runs from another temporary
+    environment, deletes CMakeCache.txt and CMakeFiles/ -- where every object file lives -- "since
+    the cache may hold paths into the old environment". Ours holds none that survive a configure:
+    scikit-build-core's own entries (the FindPython resources, the prefix path) are written with
+    FORCE on every configure, our headers come from stable mirrors (cmake/stable_inputs.cmake), and
+    our find_path results are searched again every time. So, for a directory of this checkout and
+    of the same scikit-build-core version, the record is updated to the current environment and
+    the objects survive. Returns the directories adopted."""
+    import glob
+    import json
+
+    import scikit_build_core
+    from scikit_build_core import cmake as _skb_cmake
+
+    source = os.path.realpath(source_dir or os.getcwd())
+    adopted = []
+    for info_path in glob.glob(os.path.join(source, "build", f"*-{configuration}", ".skbuild-info.json")):
+        try:
+            with open(info_path, encoding="utf-8") as f:
+                info = json.load(f)
+        except (OSError, ValueError):
+            continue  # unreadable: scikit-build-core clears it, as it should
+        if (not isinstance(info, dict) or info.get("source_dir") != source
+                or info.get("skbuild_version") != scikit_build_core.__version__
+                or info.get("skbuild_path") == str(_skb_cmake.DIR)):
+            continue
+        info["skbuild_path"] = str(_skb_cmake.DIR)
+        with open(info_path, "w", encoding="utf-8") as f:
+            json.dump(info, f, indent=2)
+        adopted.append(os.path.dirname(info_path))
+    for d in adopted:
+        _log(f"reusing the objects in {d} (a new temporary build environment; inputs are mirrored)")
+    return adopted
+
+
+def _prepared(config_settings):
+    settings = with_build_dir(config_settings)
+    if settings["build-dir"].startswith("build/{wheel_tag}-"):
+        adopt_build_dirs(build_configuration(config_settings))
+    return settings
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    return _skbuild_build_wheel(wheel_directory, _prepared(config_settings), metadata_directory)
+
+
+def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
+    return _skbuild_build_editable(wheel_directory, _prepared(config_settings), metadata_directory)

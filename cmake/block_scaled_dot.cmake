@@ -13,9 +13,8 @@ if(TARGET _cuda)
     COMMAND "${Python_EXECUTABLE}" -c
       "import sys, os; print(';'.join(os.path.join(p, 'nvidia', s, 'include') for p in sys.path if p for s in ('cu13', 'cublas')))"
     OUTPUT_STRIP_TRAILING_WHITESPACE OUTPUT_VARIABLE _gpuext_wheel_includes ERROR_QUIET)
-  find_path(GPUEXT_CUBLASLT_HEADER_DIR cublasLt.h
-    HINTS ${JAX_GPUEXT_CUBLASLT_INCLUDE_DIR} ${CUDAToolkit_INCLUDE_DIRS} ${_gpuext_wheel_includes}
-    NO_DEFAULT_PATH)
+  gpuext_stable_find_path(GPUEXT_CUBLASLT_HEADER_DIR cublaslt_include cublasLt.h
+    ${JAX_GPUEXT_CUBLASLT_INCLUDE_DIR} ${CUDAToolkit_INCLUDE_DIRS} ${_gpuext_wheel_includes})
   if(GPUEXT_CUBLASLT_HEADER_DIR)
     message(STATUS "jax-gpuext: cuBLASLt block-scaled dot with cublasLt.h from ${GPUEXT_CUBLASLT_HEADER_DIR}")
     set(_gpuext_cublaslt_sources

@@ -32,9 +32,9 @@ execute_process(
 # libcudnn9-dev, NGC images, CUDNN_PATH/CUDNN_HOME installs) put cudnn.h.
 set(_gpuext_cudnn_hints ${JAX_GPUEXT_CUDNN_INCLUDE_DIRS} ${CUDAToolkit_INCLUDE_DIRS} ${_gpuext_cudnn_wheel_includes}
     "$ENV{CUDNN_PATH}/include" "$ENV{CUDNN_HOME}/include" /usr/include /usr/local/cuda/include)
-find_path(GPUEXT_CUDNN_FRONTEND_DIR cudnn_frontend.h HINTS ${_gpuext_cudnn_hints} NO_DEFAULT_PATH)
-find_path(GPUEXT_CUDNN_HEADER_DIR cudnn.h HINTS ${_gpuext_cudnn_hints} NO_DEFAULT_PATH)
-find_path(GPUEXT_NVRTC_HEADER_DIR nvrtc.h HINTS ${_gpuext_cudnn_hints} NO_DEFAULT_PATH)
+gpuext_stable_find_path(GPUEXT_CUDNN_FRONTEND_DIR cudnn_frontend_include cudnn_frontend.h ${_gpuext_cudnn_hints})
+gpuext_stable_find_path(GPUEXT_CUDNN_HEADER_DIR cudnn_include cudnn.h ${_gpuext_cudnn_hints})
+gpuext_stable_find_path(GPUEXT_NVRTC_HEADER_DIR nvrtc_include nvrtc.h ${_gpuext_cudnn_hints})
 set(_why "")
 if(NOT (GPUEXT_CUDNN_FRONTEND_DIR AND GPUEXT_CUDNN_HEADER_DIR AND GPUEXT_NVRTC_HEADER_DIR))
   set(_why "cudnn_frontend.h: '${GPUEXT_CUDNN_FRONTEND_DIR}', cudnn.h: '${GPUEXT_CUDNN_HEADER_DIR}', nvrtc.h: '${GPUEXT_NVRTC_HEADER_DIR}'")

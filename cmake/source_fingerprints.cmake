@@ -4,9 +4,11 @@
 #   fingerprint = first 16 hex digits of SHA-256 over "<path> <sha256 of the file>\n" for every
 #                 matched file (plus `common`'s), paths relative to the root, sorted, unique
 #
-# carried by every module's build_info()["source_fingerprints"] as "name=fp,name=fp,...". A GPU run
-# records the fingerprints of the build it tested; `auto` takes a GPU backend only where the
-# record has it passing on this architecture at this build's fingerprint.
+# carried by every module's build_info()["source_fingerprints"] as "scheme=2,name=fp,name=fp,...".
+# A GPU run records the fingerprints of the build it tested; `auto` takes a GPU backend only where
+# the record has it passing on this architecture at this build's fingerprint. "scheme" names what
+# the fingerprints cover (2: compiled code and its CMake file, no Python glue; docs/design.md,
+# "Fingerprints: compiled code only"), so results of a scheme-1 build are translated, not compared.
 #
 # Computed when CMake configures; every hashed file is a configure dependency, so editing one
 # re-runs the configure step and the fingerprint follows. The value lives in one generated
@@ -27,7 +29,7 @@ function(_gpuext_fp_files out)
 endfunction()
 
 set(_gpuext_common_patterns "")
-set(_gpuext_fingerprints "")
+set(_gpuext_fingerprints "scheme=2")  # jax_gpuext.common.verified.FINGERPRINT_SCHEME
 foreach(_line IN LISTS _gpuext_fp_lines)
   string(REGEX REPLACE "[ \t]+" ";" _fields "${_line}")
   list(POP_FRONT _fields _component)

@@ -4,6 +4,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
+#include "ffi/common/execute_stats_module.h"
 #include "ffi/common/library_paths.h"
 #include "ffi/common/module_functions.h"
 #include "ffi/common/module_util.h"
@@ -30,6 +31,9 @@ NB_MODULE(_cuda, m) {
   // Where the cuBLASLt / cuDNN handlers dlopen their library from (ffi/common/library_paths.h).
   m.def("set_library_path", &gpuext::SetLibraryPath, nb::arg("name"), nb::arg("path"));
   m.def("library_path", [](const std::string& name) { return gpuext::LibraryPath(name); }, nb::arg("name"));
+  // execute_stats / reset_execute_stats / set_execute_stats_enabled: whether XLA captured our
+  // command-buffer-compatible calls into CUDA graphs (ffi/common/execute_stats.h).
+  gpuext::AddExecuteStatsFunctions(m);
   // Functions of optional parts (cudnn_probe, cublaslt_prepare), when they were built.
   gpuext::AddRegisteredModuleFunctions(m);
   m.def("device_count", []() {

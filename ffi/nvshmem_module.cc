@@ -7,6 +7,7 @@
 #include <string>
 
 #include "csrc/allreduce/nvshmem_allreduce.h"
+#include "ffi/common/execute_stats_module.h"
 #include "ffi/common/module_util.h"
 
 namespace nb = nanobind;
@@ -29,6 +30,8 @@ NB_MODULE(_nvshmem, m) {
     info["nvshmem_version"] = GPUEXT_NVSHMEM_VERSION_STRING;
     return info;
   });
+  // Capture counts of gpuext_all_reduce_graph (ffi/common/execute_stats.h).
+  gpuext::AddExecuteStatsFunctions(m);
   m.def("init_status", &ar::InitStatus);
   m.def("get_uniqueid", []() {
     std::string id;

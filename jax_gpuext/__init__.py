@@ -39,10 +39,12 @@ from jax_gpuext.formats import (
     dequantize,
     from_blackwell_scale_layout,
     quantize,
+    quantize_both_axes,
     to_blackwell_scale_layout,
 )
 from jax_gpuext.memory import MemorySpace, place
-from jax_gpuext.ragged_dot import GroupedBlockScaledArray, quantize_grouped, ragged_dot, scaled_ragged_dot
+from jax_gpuext.ragged_dot import (GroupedBlockScaledArray, quantize_grouped, ragged_dot, ragged_dot_masked,
+                                  scaled_ragged_dot)
 
 __version__ = "0.1.0"
 
@@ -71,8 +73,10 @@ __all__ = [
     "NVFP4",
     "place",
     "quantize",
+    "quantize_both_axes",
     "quantize_grouped",
     "ragged_dot",
+    "ragged_dot_masked",
     "scaled_dot_general",
     "scaled_ragged_dot",
     "Selection",

@@ -30,7 +30,9 @@ def main() -> int:
     args, rest = ap.parse_known_args()
     if args.mode == "command_buffer":
         os.environ["JAX_GPUEXT_ALLREDUCE_GRAPH_SAFE"] = "1"
-        os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_gpu_graph_min_graph_size=1"
+        # Custom calls captured whatever XLA's default list of command types is in this jaxlib.
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_gpu_graph_min_graph_size=1"
+                                   " --xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL")
     import jax
 
     # Every rank drives the one GPU: no auto-detected cluster environment may assign another.
@@ -86,17 +88,29 @@ def _global(x_local, mesh):
     return jax.make_array_from_process_local_data(NamedSharding(mesh, P("i")), x_local)
 
 
-def _check_captured(mesh, x) -> None:
-    """Command-buffer mode: each algorithm's graph-safe all-reduce must sit inside an XLA command buffer."""
+def _check_captured(mesh, x, n: int) -> None:
+    """Command-buffer mode: XLA records each algorithm's graph-safe all-reduce into a CUDA graph once
+    and replays it without calling the handler, every replay reducing again (the epochs and the
+    status word live in device memory). tests/_command_buffer.py counts this rank's handler runs."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-    from _hlo import custom_calls_in_command_buffers
+    import _command_buffer as cb
+    import numpy as np
 
     import jax_gpuext
+    from jax_gpuext.collectives.all_reduce import GRAPH_TARGET
 
     for algorithm in KERNELS + ("nvshmem_library",):
-        f = _shard_jit(lambda v: (jax_gpuext.all_reduce(v, "i", algorithm=algorithm),), mesh, 1, 1)
-        captured = custom_calls_in_command_buffers(f.lower(x).compile().as_text())
-        assert "gpuext_all_reduce_graph" in captured, f"{algorithm}: not in a command buffer ({captured})"
+        f = _shard_jit(lambda v, a=algorithm: (jax_gpuext.all_reduce(v, "i", algorithm=a),), mesh, 1, 1)
+        compiled = _compile_and_meet(f, [x], f"gpuext_all_reduce/captured/{algorithm}")
+
+        def check(out, algorithm=algorithm):  # x is ones on every rank
+            got = np.asarray(out[0].addressable_shards[0].data)
+            np.testing.assert_array_equal(got, np.full(got.shape, n, got.dtype), err_msg=algorithm)
+
+        counts = cb.run_counted(compiled, (x,), GRAPH_TARGET, check=check)
+        print(f"{algorithm}: {counts}", flush=True)
+        why = cb.capture_failure(counts, cb.RUNS)
+        assert why is None, f"{algorithm}: {why}"
 
 
 def ops_for(dtype: str) -> tuple[str, ...]:
@@ -137,6 +151,19 @@ def _library_takes(dtype: str, op: str, mesh, x) -> bool:
     return True
 
 
+def plain_program(mesh, op: str, algorithms, count: int):
+    """The plain check's program for one (dtype, op): every algorithm on each of ``count`` operands
+    (one per size in SIZES, the empty one included) in ONE jit, as a user would mix them.
+    tests/collectives/test_allreduce_zero_size.py lowers exactly this program for CUDA on a CPU
+    machine (issue 33: jaxlib 0.11.2 segfaulted compiling it while an empty operand reached it)."""
+    import jax_gpuext
+
+    def body(*locals_):
+        return tuple(jax_gpuext.all_reduce(x, "i", op=op, algorithm=a) for x in locals_ for a in algorithms)
+
+    return _shard_jit(body, mesh, count, count * len(algorithms))
+
+
 def check_all(rank: int, n: int) -> None:
     import jax
     import jax.numpy as jnp
@@ -148,7 +175,7 @@ def check_all(rank: int, n: int) -> None:
     jax.config.update("jax_enable_x64", True)  # else float64/int64/uint64 arrays are silently 32-bit
     mesh = jax.make_mesh((n,), ("i",))
     if env.get("JAX_GPUEXT_ALLREDUCE_GRAPH_SAFE"):
-        _check_captured(mesh, _global(np.ones(1000, np.float32), mesh))
+        _check_captured(mesh, _global(np.ones(1000, np.float32), mesh), n)
     ran = 0
     for dtype in DTYPES:
         for op in ops_for(dtype):
@@ -156,11 +183,9 @@ def check_all(rank: int, n: int) -> None:
             xs = [_global(d[rank], mesh) for d in data]
             assert all(x.dtype == jnp.dtype(dtype) for x in xs), f"{dtype} became {xs[0].dtype}"
             algorithms = KERNELS + (("nvshmem_library",) if _library_takes(dtype, op, mesh, xs[0]) else ())
-
-            def body(*locals_, op=op, algorithms=algorithms):
-                return tuple(jax_gpuext.all_reduce(x, "i", op=op, algorithm=a) for x in locals_ for a in algorithms)
-
-            f = _shard_jit(body, mesh, len(xs), len(xs) * len(algorithms))
+            f = plain_program(mesh, op, algorithms, len(xs))
+            if rank == 0:  # a crash inside XLA's compiler leaves no Python error: say which program it was
+                print(f"compiling {dtype} {op}: sizes {SIZES} x {algorithms}", flush=True)
             outs = _compile_and_meet(f, xs, f"gpuext_all_reduce/{dtype}/{op}")(*xs)
             for k, size in enumerate(SIZES):
                 want = _numpy_reduce(data[k], op, dtype)

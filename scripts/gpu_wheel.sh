@@ -14,6 +14,9 @@
 # the package's runtime dependencies that the GPU image may lack (every [project] dependency but
 # jax, jaxlib, numpy and ml_dtypes, which the image has in its own CUDA builds and must keep):
 # cp312, manylinux_2_28 or older, so they load on the image's glibc.
+# .whl/deps/tokamax/ holds tokamax and what it imports that the image lacks (TOKAMAX_WHEELS below),
+# for bench_ragged_dot's baseline: gpu_run.sh installs them for that step only, into a folder of
+# their own (GPU_WHEEL_TOKAMAX=0 leaves them out: ~36 MB, most of it xprof).
 #
 # Writes .whl/jax_gpuext-*.whl, .whl/wheel.json (commit, dirty, size, sha256, build time, the shared
 # libraries and glibc/libstdc++ symbol versions each module needs) and .whl/build.log.
@@ -65,7 +68,17 @@ needs() {
   echo "$needed $glibc ${glibcxx:-none}"
 }
 
-# deps PY: the runtime dependencies' wheels into $OUT/deps (the image keeps its own jax/numpy/ml_dtypes).
+# tokamax 0.0.17 (pure Python, jax >= 0.11.1) and the packages `import tokamax` needs that the GPU
+# image (Python 3.12, jax 0.11.2, flax 0.12 and its dependencies) does not have, as found by
+# importing it from a --target folder beside such an environment: pinned to the versions that
+# imported there and ran its ragged_dot (docs/design.md, "Benchmarks that measure the hardware").
+# xprof: tokamax's Op base class imports xprof.cli at import time (2.23.1 or newer has it).
+TOKAMAX_WHEELS=(tokamax==0.0.17 annotated-types==0.8.0 einshape==1.0 fire==0.7.1 immutabledict==4.3.1
+  jaxtyping==0.3.11 wadler-lindig==0.1.7 pydantic==2.14.4 pydantic-core==2.50.5 qwix==0.1.8 six==1.17.0
+  termcolor==3.3.0 tqdm==4.70.1 typing-extensions==4.16.0 typing-inspection==0.4.5 xprof==2.24.2)
+
+# deps PY: the runtime dependencies' wheels into $OUT/deps (the image keeps its own jax/numpy/ml_dtypes),
+# and tokamax's into $OUT/deps/tokamax.
 deps() {
   local reqs
   reqs=$("$1" -c '
@@ -80,7 +93,16 @@ print(" ".join(d for d in deps if re.match(r"[A-Za-z0-9_.-]+", d).group(0).lower
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     -d "$OUT/deps" $reqs 2>&1 | { grep -v "^WARNING: Location" >&2 || true; }
   [ -n "$(ls "$OUT/deps")" ] || die "could not fetch the runtime dependencies' wheels: $reqs"
-  echo "gpu_wheel: runtime dependencies for the GPU machine: $(cd "$OUT/deps" && ls | paste -sd' ' -)"
+  echo "gpu_wheel: runtime dependencies for the GPU machine: $(cd "$OUT/deps" && ls *.whl | paste -sd' ' -)"
+  [ "${GPU_WHEEL_TOKAMAX:-1}" = 0 ] && return 0
+  mkdir -p "$OUT/deps/tokamax"
+  "$1" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 -d "$OUT/deps/tokamax" "${TOKAMAX_WHEELS[@]}" 2>&1 \
+    | { grep -v "^WARNING: Location" >&2 || true; }
+  [ "$(ls "$OUT/deps/tokamax" | wc -l)" = "${#TOKAMAX_WHEELS[@]}" ] \
+    || die "fetched $(ls "$OUT/deps/tokamax" | wc -l) of the ${#TOKAMAX_WHEELS[@]} tokamax wheels (GPU_WHEEL_TOKAMAX=0 skips them)"
+  echo "gpu_wheel: tokamax for bench_ragged_dot ($(du -sh "$OUT/deps/tokamax" | cut -f1)): $(cd "$OUT/deps/tokamax" && ls | paste -sd' ' -)"
 }
 
 [ "${1:-}" = --check ] && { check; exit; }

@@ -90,9 +90,12 @@ def _tests(work: str) -> dict:
                     outcome = tag
             entry = {"test": f"{case.get('classname')}::{case.get('name')}", "outcome": outcome,
                      "seconds": float(case.get("time", 0))}
-            verifies = _properties(case, all_values=True).get("verifies")
+            props = _properties(case, all_values=True)
+            verifies = props.get("verifies")
             if verifies:  # the verification-record components this test exercises (tests/conftest.py)
                 entry["verifies"] = verifies
+                # and the feature of each it verifies (absent: the whole component)
+                entry["features"] = dict(v.split("=", 1) for v in props.get("verifies_feature", []) if "=" in v)
             if outcome != "passed":
                 entry["detail"] = _case_detail(case, outcome)
                 if outcome in ("failure", "error") and ENV_MARK in entry["detail"]:
@@ -105,8 +108,10 @@ def _tests(work: str) -> dict:
                   [c for c in collected[name].split(",") if c]}
                  for name, rc in exits.items()
                  if rc in (124, 137) or not os.path.exists(os.path.join(work, f"gpu-tests-{name}.xml"))]
+    # features_recorded: a case without a feature verifies its whole component (results written
+    # before tests named features get theirs from verified.LEGACY_FEATURES instead)
     return {"ran": True, **counts, "cases": cases, "groups": [os.path.basename(p) for p in paths],
-            "group_exits": exits, "cut_short": cut_short}
+            "group_exits": exits, "cut_short": cut_short, "features_recorded": True}
 
 
 def _properties(element: ET.Element, all_values: bool = False) -> dict:
@@ -122,12 +127,14 @@ def _properties(element: ET.Element, all_values: bool = False) -> dict:
 
 
 def _verification_table(cases: list[dict]) -> str:
-    """Per verification-record component: how its tests went (the record is built from the cases
-    by scripts/update_verified.py)."""
+    """Per verification-record component and feature: how its tests went (the record is built
+    from the cases by scripts/update_verified.py)."""
     rows = {}
     for c in cases:
         for comp in c.get("verifies", []):
-            row = rows.setdefault(comp, {"backend": comp, "passed": 0, "failure": 0, "error": 0, "skipped": 0})
+            feature = c.get("features", {}).get(comp, "(whole component)")
+            row = rows.setdefault((comp, feature), {"backend": comp, "feature": feature, "passed": 0, "failure": 0,
+                                                    "error": 0, "skipped": 0})
             row[c["outcome"]] += 1
     return _table([rows[k] for k in sorted(rows)]) if rows else ""
 

@@ -11,7 +11,12 @@
   from the test's parameters and keyword arguments restrict the marker to parameter values. The
   names go to the junit file (a ``verifies`` property per test, and ``verifies_collected`` for the
   whole group), from which ``scripts/write_results.py`` and ``scripts/update_verified.py`` build
-  the record.
+  the record. ``feature="fp8_blockwise"`` (reserved keyword, ``{param}`` filled too) names the
+  feature of the component the test verifies (``Backend.feature``): a ``verifies_feature``
+  property ``component=feature``; a test with none verifies the whole component.
+- ``@pytest.mark.isolated`` (``isolated(only="gpu")``) runs tests in child processes so that a
+  kernel's trap, which poisons the process's CUDA context, fails only the test that trapped
+  (tests/_isolation.py, loaded here as a plugin; ``--isolation=batch|each|off``).
 - Tests must run against the installed package: a source checkout without the compiled
   extension would silently test only the reference paths.
 """
@@ -41,6 +46,10 @@ import pytest
 import jax_gpuext
 from jax_gpuext.common import env, gates
 
+# tests/_isolation.py: the `isolated` marker and --isolation (this folder is on sys.path, as for
+# the tests' other helper modules).
+pytest_plugins = ("_isolation",)
+
 REQUIRE_GPU = env.get("JAX_GPUEXT_REQUIRE_GPU")
 # Gates a GPU run cannot open by installing anything: the GPU in the machine is another
 # architecture. Under JAX_GPUEXT_REQUIRE_GPU=1 these alone still skip (a Blackwell test on an
@@ -65,20 +74,38 @@ def pytest_configure(config):
             "the venv's pytest, not `python -m pytest` from the source tree.")
 
 
+def _applicable_verifies(item):
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    for m in item.iter_markers("verifies"):
+        filters = {k: v for k, v in m.kwargs.items() if k != "feature"}
+        if all(k in params and str(params[k]) == str(v) for k, v in filters.items()):
+            feature = m.kwargs.get("feature")
+            yield [c.format(**params) for c in m.args], None if feature is None else feature.format(**params)
+
+
 def verified_components(item) -> list[str]:
     """The components named by ``item``'s ``verifies`` markers that apply to its parameters."""
-    params = getattr(getattr(item, "callspec", None), "params", {})
-    out = []
-    for m in item.iter_markers("verifies"):
-        if all(k in params and str(params[k]) == str(v) for k, v in m.kwargs.items()):
-            out += [c.format(**params) for c in m.args]
-    return sorted(set(out))
+    return sorted({c for comps, _ in _applicable_verifies(item) for c in comps})
+
+
+def verified_features(item) -> dict[str, str]:
+    """``{component: feature}`` for the components whose applicable markers name a feature; two
+    different features for one component is a mistake in the markers."""
+    out: dict[str, str] = {}
+    for comps, feature in _applicable_verifies(item):
+        for c in comps if feature is not None else ():
+            if out.setdefault(c, feature) != feature:
+                raise pytest.UsageError(f"{item.nodeid}: verifies markers name two features of {c}: "
+                                        f"{out[c]!r} and {feature!r}")
+    return out
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         for component in verified_components(item):
             item.user_properties.append(("verifies", component))
+        for component, feature in sorted(verified_features(item).items()):
+            item.user_properties.append(("verifies_feature", f"{component}={feature}"))
         names = [n for m in item.iter_markers("gates") for n in m.args]
         if item.get_closest_marker("gpu") and "cuda_device" not in names:
             names = ["cuda_extension", "cuda_device"] + names

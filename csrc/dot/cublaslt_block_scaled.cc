@@ -19,8 +19,10 @@ static_assert(CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0 == 2, "scale mode numberi
 static_assert(CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F == 4, "scale mode numbering changed");
 static_assert(CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F == 5, "scale mode numbering changed");
 
-// The alignment every operand, scale and output pointer is guaranteed (see PlanFor).
+// The alignment every operand, scale and output pointer is guaranteed (see PlanFor; per-tensor
+// scales through their 16-byte slots, kScalarScaleSlotBytes).
 constexpr uint32_t kOperandAlignment = 16;
+static_assert(kScalarScaleSlotBytes % kOperandAlignment == 0, "per-batch scalar scales must stay aligned");
 
 using Key = std::tuple<int, int64_t, int64_t, int64_t, int, int, int, int, int, size_t>;
 
@@ -140,8 +142,8 @@ bool KnownMode(int mode) {
 
 size_t ScaleBytesPerBatch(int mode, int64_t rows, int64_t k) {
   switch (mode) {
-    case CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F:
-      return 4;
+    case CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F:  // the value, padded to a 16-byte slot
+      return kScalarScaleSlotBytes;
     case CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F:  // K-blocks x rows, rows fastest
       return static_cast<size_t>(CeilDiv(k, 128) * rows) * 4;
     case CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F:  // row blocks x round_up(K-blocks, 4)

@@ -58,6 +58,11 @@ inline bool OutTypeOfCode(int32_t code, cudaDataType_t* out) {
 constexpr int64_t kVec128RowMultiple = 16;
 // cuBLAS's m (our N) in every block-scaling mode (TransformerEngine's cublaslt_gemm.cu).
 constexpr int64_t kBlockScaledNMultiple = 8;
+// Bytes of one batch entry's SCALAR_32F (per-tensor) scale: the float32 value, then padding, so
+// batch i's scale pointer (base + i * 16) is as aligned as every other pointer we hand cuBLASLt
+// (kOperandAlignment). Packed at 4 bytes a batched per-tensor FP8 matmul failed with
+// CUBLAS_STATUS_NOT_SUPPORTED on an H200 (issue 33). jax_gpuext/dot/cublaslt.py SCALAR_SCALE_SLOT.
+constexpr size_t kScalarScaleSlotBytes = 16;
 
 // The problem's shape invariants for its scale modes (mode values known, M and N multiples as
 // above): checked by Prepare and Run both, so a call that skipped the Python checks (another

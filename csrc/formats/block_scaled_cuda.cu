@@ -1,9 +1,12 @@
-// CUDA quantize / dequantize, one pass: each input byte is read once (kept in registers between
-// the block amax and the element rounding) and each output byte written once. Dequantize runs 8
-// contiguous elements per thread (DequantizeChunks) wherever rows allow, else one per thread.
+// CUDA quantize / dequantize. The fast path is the 16-byte vector kernels of
+// block_scaled_cuda_kernels.h, designed from the roofline in docs/design.md ("Quantize at memory
+// speed on Hopper"): a thread owns 16 elements (32 packed FP4) along the last axis, block scales by
+// the scalar rule once per block, elements by block_scaled_fast.h. The kernels below are the generic
+// path kept for what those do not take (rows or inner sizes not a multiple of 16 / 32, misaligned
+// buffers, more than 2^32 chunks): slower, the same rules, the same bits.
 // Rules: block_scaled_math.h (the same code the CPU handler runs). FP4 packing: block_scaled_io.h.
 //
-// Kernels:
+// Generic kernels:
 //  - QuantizeRows1d: contiguous blocks (inner == 1, K % 8 == 0): a thread owns 8 consecutive
 //    elements, block/8 lanes of a warp share one block and reduce its amax with shuffles.
 //  - QuantizeStrided1d: any other 1-D layout: a thread owns one block column (adjacent threads
@@ -19,9 +22,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "csrc/common/cuda_check.h"
 #include "csrc/formats/block_scaled_cuda.h"
+#include "csrc/formats/block_scaled_cuda_kernels.h"
 #include "csrc/formats/block_scaled_io.h"
 
 namespace gpuext::formats {
@@ -320,6 +325,174 @@ int64_t Blocks(int64_t n, int threads) { return (n + threads - 1) / threads; }
 
 bool Aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
+// ---------------------------------------------------------------------------- vector kernels
+template <int32_t F>
+using FormatC = std::integral_constant<int32_t, F>;
+template <int K>
+using KindC = std::integral_constant<int, K>;
+
+// Calls f(FormatC<format>) for a runtime format code; false for an unknown one.
+template <class Fn>
+bool WithFormat(int32_t format, Fn&& f) {
+  switch (format) {
+    case kMxfp8E4m3: f(FormatC<kMxfp8E4m3>{}); return true;
+    case kMxfp8E5m2: f(FormatC<kMxfp8E5m2>{}); return true;
+    case kNvfp4: f(FormatC<kNvfp4>{}); return true;
+    case kFp8Blockwise1x128: f(FormatC<kFp8Blockwise1x128>{}); return true;
+    case kFp8Blockwise128x128: f(FormatC<kFp8Blockwise128x128>{}); return true;
+    case kFp8PerTensor: f(FormatC<kFp8PerTensor>{}); return true;
+    case kMxfp4: f(FormatC<kMxfp4>{}); return true;
+    default: return false;
+  }
+}
+
+template <class Fn>
+void WithKind(FloatType t, Fn&& f) {
+  switch (t) {
+    case FloatType::kF32: f(KindC<vec::kInF32>{}); break;
+    case FloatType::kBF16: f(KindC<vec::kInBf16>{}); break;
+    default: f(KindC<vec::kInF16>{}); break;
+  }
+}
+
+// Grid-stride kernels get enough CTAs to fill every SM, never more than the work needs.
+int64_t GridFor(int64_t items, int threads) {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      sms <= 0)
+    sms = 132;
+  const int64_t fill = int64_t(sms) * (2048 / threads);
+  return std::max<int64_t>(1, std::min<int64_t>(Blocks(items, threads), fill));
+}
+
+constexpr int64_t kMaxChunks32 = int64_t(1) << 31;  // FastDiv's range, with room
+
+// The vector kernels take 1-D formats with FP4 packed (XLA's CUDA layout; one-per-byte FP4 takes the
+// generic kernels) and buffers aligned for 16-byte access.
+bool VecFormatOk(const BlockScaledGeometry& g) { return !IsFp4(g.format) || g.fp4_packed; }
+int VecLenOf(const BlockScaledGeometry& g) { return vec::VecLen(g.format, g.fp4_packed); }
+
+// Along the last axis (inner == 1). *taken = false: not this kernel's layout (the caller goes generic).
+Status LaunchRowsVec(cudaStream_t stream, const QuantizeArgs& a, bool* taken) {
+  const BlockScaledGeometry& g = a.geo;
+  *taken = false;
+  if (g.per_tensor() || g.two_d() || g.inner != 1 || !VecFormatOk(g)) return Status::Ok();
+  const int64_t v = VecLenOf(g), b = vec::BlockLen(g.format), lanes = b >= v ? b / v : 1;
+  if (g.k % v != 0 || !Aligned(a.x, 16) || !Aligned(a.data, 16)) return Status::Ok();
+  const int64_t groups = g.format == kNvfp4 ? g.global_count : 1;
+  if (groups > 65535) return Status::Ok();
+  vec::RowsLaunch L;
+  L.k = g.k;
+  L.blocks_along = g.blocks_along();
+  L.rows_per_group = g.outer / groups;
+  L.ragged = g.k % b != 0;
+  L.chunks_per_row = L.ragged ? (g.k / v + lanes - 1) / lanes * lanes : g.k / v;
+  const int64_t total = L.rows_per_group * L.chunks_per_row;
+  if (L.ragged && (total >= kMaxChunks32 || L.chunks_per_row >= kMaxChunks32)) return Status::Ok();
+  L.per_row = vec::FastDiv(uint32_t(L.ragged ? L.chunks_per_row : 1));
+  const dim3 grid(unsigned(GridFor(total, vec::kThreads)), unsigned(groups));
+  WithFormat(g.format, [&](auto fc) {
+    constexpr int32_t F = decltype(fc)::value;
+    if constexpr (F != kFp8PerTensor && F != kFp8Blockwise128x128) {
+      WithKind(a.in_type, [&](auto kc) {
+        vec::QuantizeRowsVec<F, decltype(kc)::value, fast::kFp4(F)><<<grid, vec::kThreads, 0, stream>>>(a, L);
+      });
+    }
+  });
+  *taken = true;
+  GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("QuantizeRowsVec");
+  return Status::Ok();
+}
+
+// Along a non-last axis (inner > 1, blocks down K); with `rows` (quantize_both_axes: the same x along
+// its last axis, inner == N) the fused kernel writes both from one read of x.
+Status LaunchColsVec(cudaStream_t stream, const QuantizeArgs& a, const QuantizeArgs* rows, bool* taken) {
+  const BlockScaledGeometry& g = a.geo;
+  *taken = false;
+  if (g.per_tensor() || g.two_d() || g.inner <= 1 || !VecFormatOk(g)) return Status::Ok();
+  const int64_t v = VecLenOf(g);
+  if (g.inner % v != 0 || !Aligned(a.x, 16) || !Aligned(a.data, 16)) return Status::Ok();
+  if (rows != nullptr && !Aligned(rows->data, 16)) return Status::Ok();
+  const int64_t block_rows = g.outer * g.blocks_along();
+  if (block_rows >= kMaxChunks32) return Status::Ok();
+  vec::ColsLaunch L;
+  L.k = g.k;
+  L.inner = g.inner;
+  L.blocks_along = g.blocks_along();
+  L.rows_per_global = g.outer / g.global_count;
+  L.row_blocks_along = (g.inner + vec::BlockLen(g.format) - 1) / vec::BlockLen(g.format);
+  bool fits = true;
+  WithFormat(g.format, [&](auto fc) {
+    constexpr int32_t F = decltype(fc)::value;
+    if constexpr (F != kFp8PerTensor && F != kFp8Blockwise128x128) {
+      WithKind(a.in_type, [&](auto kc) {
+        constexpr int K = decltype(kc)::value;
+        using S = vec::ColsShape<F, K, fast::kFp4(F)>;
+        const int64_t col_tiles = (g.inner + S::W - 1) / S::W;
+        if (col_tiles > 65535) {
+          fits = false;
+          return;
+        }
+        const dim3 grid{unsigned(block_rows), unsigned(col_tiles), 1u};
+        if (rows != nullptr) {
+          vec::QuantizeColsVec<F, K, fast::kFp4(F), true><<<grid, S::N, 0, stream>>>(a, *rows, L);
+        } else {
+          vec::QuantizeColsVec<F, K, fast::kFp4(F), false><<<grid, S::N, 0, stream>>>(a, a, L);
+        }
+      });
+    }
+  });
+  if (!fits) return Status::Ok();
+  *taken = true;
+  GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("QuantizeColsVec");
+  return Status::Ok();
+}
+
+Status LaunchTilesVec(cudaStream_t stream, const QuantizeArgs& a, bool* taken) {
+  const BlockScaledGeometry& g = a.geo;
+  *taken = false;
+  if (g.cols % 16 != 0 || !Aligned(a.x, 16) || !Aligned(a.data, 16)) return Status::Ok();
+  const int64_t tiles = g.outer * g.blocks_along() * g.block_cols();
+  if (tiles >= kMaxChunks32) return Status::Ok();
+  WithKind(a.in_type, [&](auto kc) {
+    constexpr int K = decltype(kc)::value;
+    vec::QuantizeTilesVec<K><<<unsigned(tiles), vec::TileShape<K>::kThreadsPerTile, 0, stream>>>(a, g.blocks_along());
+  });
+  *taken = true;
+  GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("QuantizeTilesVec");
+  return Status::Ok();
+}
+
+Status LaunchDequantVec(cudaStream_t stream, const DequantizeArgs& a, bool* taken) {
+  const BlockScaledGeometry& g = a.geo;
+  *taken = false;
+  if (!VecFormatOk(g) || (!g.two_d() && !g.per_tensor() && g.inner != 1)) return Status::Ok();
+  const int64_t v = VecLenOf(g);
+  const int64_t row_len = g.two_d() ? g.cols : g.k;
+  const int64_t n = g.elements();
+  if (row_len <= 0 || row_len % v != 0 || n / v >= kMaxChunks32 || !Aligned(a.data, 16) || !Aligned(a.y, 16))
+    return Status::Ok();
+  vec::DeqLaunch L;
+  L.chunks = n / v;
+  L.cpr = row_len / v;
+  L.blocks_along = g.blocks_along();
+  L.m_rows = g.k;
+  L.tile_cols = g.block_cols();
+  L.per_row = vec::FastDiv(uint32_t(L.cpr));
+  L.per_matrix = vec::FastDiv(uint32_t(g.two_d() && g.k > 0 && g.k < kMaxChunks32 ? g.k : 1));
+  L.per_global = vec::FastDiv(uint32_t(g.format == kNvfp4 ? g.outer / g.global_count : 1));
+  const unsigned grid = unsigned(GridFor(L.chunks, vec::kThreads));
+  WithFormat(g.format, [&](auto fc) {
+    constexpr int32_t F = decltype(fc)::value;
+    WithKind(a.out_type, [&](auto kc) {
+      vec::DequantRowsVec<F, decltype(kc)::value, fast::kFp4(F)><<<grid, vec::kThreads, 0, stream>>>(a, L);
+    });
+  });
+  *taken = true;
+  GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("DequantRowsVec");
+  return Status::Ok();
+}
+
 Status QuantizePerTensor(cudaStream_t stream, const QuantizeArgs& a) {
   const BlockScaledGeometry& g = a.geo;
   if (g.outer == 0) return Status::Ok();
@@ -327,6 +500,21 @@ Status QuantizePerTensor(cudaStream_t stream, const QuantizeArgs& a) {
   GPUEXT_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(a.scale, 0, size_t(g.outer) * sizeof(uint32_t), stream));
   if (g.k > 0) {
     constexpr int kThreads = 256;
+    if (g.k % 16 == 0 && Aligned(a.x, 16) && Aligned(a.data, 16)) {
+      // 16 elements per thread, 16-byte loads and stores (docs/design.md, issue 35)
+      const dim3 grid(unsigned(GridFor(g.k / 16, 256)), unsigned(std::min<int64_t>(g.outer, 65535)));
+      WithKind(a.in_type, [&](auto kc) {
+        vec::TensorAmaxVec<decltype(kc)::value><<<grid, vec::kThreads, 0, stream>>>(a);
+      });
+      GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("TensorAmaxVec");
+      WithKind(a.in_type, [&](auto kc) {
+        vec::QuantizeTensorVec<decltype(kc)::value><<<grid, vec::kThreads, 0, stream>>>(a);
+      });
+      GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("QuantizeTensorVec");
+      FinalizeTensorScale<<<unsigned(Blocks(g.outer, 256)), 256, 0, stream>>>(a);
+      GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("FinalizeTensorScale");
+      return Status::Ok();
+    }
     const bool vec = g.k % kChunk == 0 && Aligned(a.x, 16) && Aligned(a.data, 8);
     const int64_t per_step = int64_t(kThreads) * (vec ? kChunk : 1);
     // Enough CTAs to fill the GPU a few times over, never more than the elements need.
@@ -356,12 +544,19 @@ Status QuantizeCuda(cudaStream_t stream, const QuantizeArgs& a) {
   if (g.elements() == 0) return Status::Ok();
   constexpr int kThreads = 256;
   const Hoisted h = HoistedOf(g);
+  bool taken = false;
   if (g.two_d()) {
+    GPUEXT_RETURN_IF_ERROR(LaunchTilesVec(stream, a, &taken));
+    if (taken) return Status::Ok();
     const int64_t tiles = g.outer * h.blocks_along * g.block_cols();
     QuantizeTiles128<<<unsigned(tiles), kTileThreads, 0, stream>>>(a, h);
     GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("QuantizeTiles128");
     return Status::Ok();
   }
+  GPUEXT_RETURN_IF_ERROR(LaunchRowsVec(stream, a, &taken));
+  if (taken) return Status::Ok();
+  GPUEXT_RETURN_IF_ERROR(LaunchColsVec(stream, a, nullptr, &taken));
+  if (taken) return Status::Ok();
   const bool vector_ok = g.inner == 1 && g.k % kChunk == 0 && Aligned(a.x, 16) && Aligned(a.data, 8);
   if (vector_ok) {
     const int lanes = int(g.block / kChunk);
@@ -406,6 +601,9 @@ static bool Vectorizable(const DequantizeArgs& a) {
 Status DequantizeCuda(cudaStream_t stream, const DequantizeArgs& a) {
   const int64_t n = a.geo.elements();
   if (n == 0) return Status::Ok();
+  bool taken = false;
+  GPUEXT_RETURN_IF_ERROR(LaunchDequantVec(stream, a, &taken));
+  if (taken) return Status::Ok();
   const Hoisted h = HoistedOf(a.geo);
   if (Vectorizable(a)) {
     const int64_t chunks = n / kChunk;
@@ -416,6 +614,18 @@ Status DequantizeCuda(cudaStream_t stream, const DequantizeArgs& a) {
   Dequantize<<<unsigned(Blocks(n, 256)), 256, 0, stream>>>(a, h);
   GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("Dequantize");
   return Status::Ok();
+}
+
+Status QuantizeBothAxesCuda(cudaStream_t stream, const QuantizeArgs& last, const QuantizeArgs& second) {
+  // The fused kernel: x [outer, K, N] along K (`second`, inner == N) and along N (`last`) at once.
+  const BlockScaledGeometry& g = second.geo;
+  if (g.elements() > 0 && !g.per_tensor() && !g.two_d() && last.geo.inner == 1 && last.geo.k == g.inner) {
+    bool taken = false;
+    GPUEXT_RETURN_IF_ERROR(LaunchColsVec(stream, second, &last, &taken));
+    if (taken) return Status::Ok();
+  }
+  GPUEXT_RETURN_IF_ERROR(QuantizeCuda(stream, last));
+  return QuantizeCuda(stream, second);
 }
 
 }  // namespace gpuext::formats

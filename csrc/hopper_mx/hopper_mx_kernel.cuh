@@ -8,7 +8,8 @@
 //     block j it runs one m64nNk32 wgmma into a scratch accumulator `part` (scale-d = 0, so
 //     part = A_j B_j^T), waits for it, and folds it into `acc` with the two scales:
 //         acc[r][c] += (part[r][c] * sa[j][r]) * sb[j][c]       (FMUL, then FFMA)
-//     (exactness of this step and its limits: see the comment at the promotion below).
+//     (exactness of this step and its limits: see the comment at the promotion below; a warp
+//     with a scale at either end of E8M0's range takes PromoteExact instead).
 //     Then each warp releases the stage on its `empty` barrier.
 // While one consumer warpgroup promotes, the other's wgmma keeps the tensor cores busy. The
 // promotion is 2 FP32 instructions per accumulator per k32 step; with the scale loads, wgmma
@@ -65,6 +66,31 @@ struct KernelArgs {
   int out_type;  // OutType
   long long out_batch_stride;
 };
+
+// The promotion's scale step (see the comment at its use in HopperMxKernel). A nonzero partial of
+// 32 FP8 products has 2^-32 <= |part| < 2^37 (E5M2 x E5M2 extremes), so part * s is a normal fp32
+// (or zero), hence exact for power-of-two s, whenever 2^-94 <= |s| < 2^92: fp32 exponent fields
+// 33..218, the E8M0 codes 33..218. One unsigned compare.
+__device__ __forceinline__ bool ScaleInWindow(float s) {
+  return ((__float_as_uint(s) >> 23) & 0xFFu) - 33u <= 218u - 33u;
+}
+
+// acc + part * sa * sb with the FFMA's one rounding wherever that term is representable, for every
+// pair of E8M0 scales (issue 34, finding 2; docs/design.md "The smallest and largest MX scales"):
+//   sa in the window: (part * sa) exact, then fma(x, sb, acc) (the fast step's order);
+//   else sb in the window: the other order, (part * sb) exact, then fma(x, sa, acc);
+//   else both outside: in opposite directions (one below 2^-94, one at or above 2^92) sa * sb is
+//     a normal power of two in [2^-35, 2^33), and fma(part, sa * sb, acc) takes the exact product;
+//     in the same direction the term is below 2^-150 (rounds to nothing) or overflows whatever
+//     the order, and the fast step's order keeps a zero partial zero (0 * inf would be NaN).
+// A NaN scale gives NaN in every branch, as in the fast step.
+__device__ __forceinline__ float PromoteExact(float part, float sa, float sb, float acc) {
+  if (ScaleInWindow(sa)) return fmaf(part * sa, sb, acc);
+  if (ScaleInWindow(sb)) return fmaf(part * sb, sa, acc);
+  const float s = sa * sb;
+  const unsigned e = (__float_as_uint(s) >> 23) & 0xFFu;
+  return (e != 0u && e != 0xFFu) ? fmaf(part, s, acc) : fmaf(part * sa, sb, acc);
+}
 
 __device__ __forceinline__ void StorePair(const KernelArgs& args, long long base, int row, int col,
                                           float v0, float v1, bool vec_ok) {
@@ -209,24 +235,37 @@ __global__ void __launch_bounds__(128 * (kConsumers + 1), 1)
         // i.e. part * sa is zero or a normal fp32. A nonzero partial of 32 FP8 products has
         // 2^-32 <= |part| < 2^37 (E5M2 x E5M2 extremes), hence for MX (power-of-two scales) the
         // step is exact for every partial and every sb when 2^-94 <= sa <= 2^91 (E8M0 codes
-        // 33..218). Outside that, part * sa can overflow to inf or lose bits as an fp32 subnormal
-        // although the full term part * sa * sb is representable: only when sa and sb are extreme
-        // in opposite directions (e.g. sa = 2^127, sb = 2^-127). Alternatives cost more or are
-        // worse: fma(part, sa * sb, acc) turns a zero partial into NaN once sa * sb overflows, and
-        // ldexp-style exponent arithmetic adds integer work per accumulator in this, the hot loop.
-        // NVFP4 (E4M3 scales, E2M1 partials) is exact too unless a global scale was folded into
-        // the scales (24-bit mantissas): then part * sa rounds once more (<= 2^-24 relative).
-        // tests/dot/test_hopper_mx.py checks these bounds on a CPU model of the two instructions.
+        // 33..218: ScaleInWindow). Outside that, part * sa can overflow to inf or lose bits as an
+        // fp32 subnormal although the full term part * sa * sb is representable (e.g. sa = 2^127,
+        // sb = 2^-127). So a warp whose 16 rows all have sa in the window (every ordinary
+        // quantized operand) takes the 2-instruction step; any other takes PromoteExact, exact for
+        // every pair of E8M0 scales. The vote and the two window tests cost ~8 instructions per
+        // k32 step of ~183; ldexp-style exponent arithmetic on every accumulator would cost ~10
+        // per accumulator. NVFP4 (E4M3 scales, E2M1 partials) is exact too unless a global scale
+        // was folded into the scales (24-bit mantissas): then part * sa rounds once more (<= 2^-24
+        // relative), in either path. tests/dot/test_hopper_mx.py checks these bounds on a CPU
+        // model of the two instructions, tests/dot/test_extreme_scales.py PromoteExact's.
         const float sa0 = sa[j * kBlockM + row0];
         const float sa1 = sa[j * kBlockM + row0 + 8];
         const float2* sb2 = reinterpret_cast<const float2*>(sb + j * kBlockN) + quad;
+        if (__all_sync(0xFFFFFFFFu, ScaleInWindow(sa0) && ScaleInWindow(sa1))) {
 #pragma unroll
-        for (int c8 = 0; c8 < kBlockN / 8; ++c8) {
-          const float2 b = sb2[c8 * 4];  // columns 8*c8 + 2*quad, +1
-          acc[4 * c8 + 0] = fmaf(part[4 * c8 + 0] * sa0, b.x, acc[4 * c8 + 0]);
-          acc[4 * c8 + 1] = fmaf(part[4 * c8 + 1] * sa0, b.y, acc[4 * c8 + 1]);
-          acc[4 * c8 + 2] = fmaf(part[4 * c8 + 2] * sa1, b.x, acc[4 * c8 + 2]);
-          acc[4 * c8 + 3] = fmaf(part[4 * c8 + 3] * sa1, b.y, acc[4 * c8 + 3]);
+          for (int c8 = 0; c8 < kBlockN / 8; ++c8) {
+            const float2 b = sb2[c8 * 4];  // columns 8*c8 + 2*quad, +1
+            acc[4 * c8 + 0] = fmaf(part[4 * c8 + 0] * sa0, b.x, acc[4 * c8 + 0]);
+            acc[4 * c8 + 1] = fmaf(part[4 * c8 + 1] * sa0, b.y, acc[4 * c8 + 1]);
+            acc[4 * c8 + 2] = fmaf(part[4 * c8 + 2] * sa1, b.x, acc[4 * c8 + 2]);
+            acc[4 * c8 + 3] = fmaf(part[4 * c8 + 3] * sa1, b.y, acc[4 * c8 + 3]);
+          }
+        } else {
+#pragma unroll
+          for (int c8 = 0; c8 < kBlockN / 8; ++c8) {
+            const float2 b = sb2[c8 * 4];
+            acc[4 * c8 + 0] = PromoteExact(part[4 * c8 + 0], sa0, b.x, acc[4 * c8 + 0]);
+            acc[4 * c8 + 1] = PromoteExact(part[4 * c8 + 1], sa0, b.y, acc[4 * c8 + 1]);
+            acc[4 * c8 + 2] = PromoteExact(part[4 * c8 + 2], sa1, b.x, acc[4 * c8 + 2]);
+            acc[4 * c8 + 3] = PromoteExact(part[4 * c8 + 3], sa1, b.y, acc[4 * c8 + 3]);
+          }
         }
       }
     }

@@ -58,8 +58,9 @@ __device__ int64_t ClampedGroupRows(const int32_t* sizes, int64_t groups, int64_
                                     int64_t* warp_totals, int64_t* start, int64_t* rows) {
   const int64_t size = g < groups ? max(sizes[g], 0) : 0;
   const int64_t end = BlockInclusiveSum(size, warp_totals) + carry;  // unclamped, fits int64
-  *start = min(end - size, m);
-  *rows = min(end, m) - *start;
+  const GroupSpan span = ClampGroup(end, size, m);
+  *start = span.start;
+  *rows = span.rows;
   return end;
 }
 
@@ -156,9 +157,11 @@ __global__ void FinishRowsKernel(void* out, int64_t m, int64_t chunks, const int
   }
 }
 
-// One block: row_start and the table of row tiles (tile_rows rows of one group each).
+// One block: row_start, tile_start and the table of row tiles (tile_rows rows of one group each),
+// in the contiguous layout (capacity < 0) or the masked one.
 __global__ void GroupedTilesKernel(const int32_t* sizes, int64_t groups, int64_t m, int32_t tile_rows,
-                                   GroupTile* tiles, int32_t* tile_count, int64_t* row_start) {
+                                   int64_t capacity, GroupTile* tiles, int32_t* tile_count, int64_t* row_start,
+                                   int32_t* tile_start) {
   __shared__ int64_t warp_totals[32];
   __shared__ int64_t carry[2];  // rows and tiles of the groups of earlier steps
   if (threadIdx.x == 0) carry[0] = carry[1] = 0;
@@ -166,15 +169,21 @@ __global__ void GroupedTilesKernel(const int32_t* sizes, int64_t groups, int64_t
   for (int64_t first = 0; first < groups; first += blockDim.x) {
     const int64_t g = first + threadIdx.x;
     const int64_t carry_rows = carry[0], carry_tiles = carry[1];
-    int64_t start = 0, rows = 0;
-    const int64_t end = ClampedGroupRows(sizes, groups, m, g, carry_rows, warp_totals, &start, &rows);
-    const int64_t n_tiles = (rows + tile_rows - 1) / tile_rows;
+    int64_t start = 0, rows = 0, end = 0;
+    if (capacity < 0) {
+      end = ClampedGroupRows(sizes, groups, m, g, carry_rows, warp_totals, &start, &rows);
+    } else if (g < groups) {
+      const GroupSpan span = MaskedGroup(g, sizes[g], capacity);
+      start = span.start;
+      rows = span.rows;
+    }
+    const int64_t n_tiles = TilesOfGroup(rows, tile_rows);  // 0 for an empty group
     const int64_t tiles_end = BlockInclusiveSum(n_tiles, warp_totals) + carry_tiles;
     if (g < groups) {
       row_start[g] = start;
+      tile_start[g] = static_cast<int32_t>(tiles_end - n_tiles);
       for (int64_t i = 0; i < n_tiles; ++i) {
-        tiles[tiles_end - n_tiles + i] = GroupTile{static_cast<int32_t>(g), static_cast<int32_t>(start + i * tile_rows),
-                                                   static_cast<int32_t>(start + rows), 0};
+        tiles[tiles_end - n_tiles + i] = TileOfGroup(g, GroupSpan{start, rows}, i, tile_rows);
       }
     }
     if (threadIdx.x == blockDim.x - 1) {
@@ -184,8 +193,21 @@ __global__ void GroupedTilesKernel(const int32_t* sizes, int64_t groups, int64_t
     __syncthreads();
   }
   if (threadIdx.x == 0) {
-    row_start[groups] = min(carry[0], m);
+    row_start[groups] = capacity < 0 ? min(carry[0], m) : m;
+    tile_start[groups] = static_cast<int32_t>(carry[1]);
     *tile_count = static_cast<int32_t>(carry[1]);
+  }
+}
+
+// The masked layout's rows at or past their group's count: zeros (16-byte stores).
+__global__ void ZeroMaskedRowsKernel(void* out, int64_t groups, int64_t capacity, int64_t chunks,
+                                     const int32_t* sizes) {
+  const int64_t rows = groups * capacity;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int64_t g = r / capacity;
+    if (r - g * capacity < MaskedGroup(g, sizes[g], capacity).rows) continue;
+    uint4* dst = reinterpret_cast<uint4*>(out) + r * chunks;
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) dst[c] = make_uint4(0, 0, 0, 0);
   }
 }
 
@@ -272,14 +294,21 @@ Status LaunchFinishRows(void* out, int64_t m, int64_t row_bytes, const int64_t* 
   return Status::Ok();
 }
 
-int64_t TileCapacity(int64_t m, int64_t groups, int32_t tile_rows) { return (m + tile_rows - 1) / tile_rows + groups; }
-
 Status LaunchGroupedTiles(const int32_t* group_sizes, int64_t groups, int64_t m, int32_t tile_rows,
-                          const GroupTiles& out, cudaStream_t stream) {
+                          int64_t capacity, const GroupTiles& out, cudaStream_t stream) {
   cudaGetLastError();  // an error some earlier, unrelated launch left pending is not ours to report
-  GroupedTilesKernel<<<1, kScanThreads, 0, stream>>>(group_sizes, groups, m, tile_rows, out.tiles, out.count,
-                                                      out.row_start);
+  GroupedTilesKernel<<<1, kScanThreads, 0, stream>>>(group_sizes, groups, m, tile_rows, capacity, out.tiles,
+                                                      out.count, out.row_start, out.tile_start);
   GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("GroupedTilesKernel");
+  return Status::Ok();
+}
+
+Status LaunchZeroMaskedRows(void* out, int64_t groups, int64_t capacity, int64_t row_bytes,
+                            const int32_t* group_sizes, cudaStream_t stream) {
+  if (groups == 0 || capacity == 0 || row_bytes == 0) return Status::Ok();
+  ZeroMaskedRowsKernel<<<Blocks(groups * capacity), kCopyThreads, 0, stream>>>(out, groups, capacity, row_bytes / 16,
+                                                                               group_sizes);
+  GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("ZeroMaskedRowsKernel");
   return Status::Ok();
 }
 

@@ -27,6 +27,7 @@
 
 #include "csrc/common/host_device.h"
 #include "csrc/common/status.h"
+#include "csrc/ragged_dot/hopper_grouped_schedule.h"
 
 namespace gpuext {
 
@@ -96,20 +97,24 @@ Status LaunchGroupedFinish(const RaggedGemm& p, const GroupedWorkspace& ws, cuda
 Status LaunchFinishRows(void* out, int64_t m, int64_t row_bytes, const int64_t* row_start,
                         const int64_t* packed_start, int64_t groups, const void* padded_out, cudaStream_t stream);
 
-// Row tiles for a kernel that tiles each group on its own (csrc/ragged_dot/hopper_grouped.h): tile
-// t covers rows [row0, min(row0 + tile_rows, row_end)) of group `group`; row_end is the group's end.
-struct GroupTile {
-  int32_t group, row0, row_end, unused;
-};
+// Row tiles for a kernel that tiles each group on its own (csrc/ragged_dot/hopper_grouped.h): the
+// tiles (GroupTile), their clamping and TileCapacity live in hopper_grouped_schedule.h, in host and
+// device code, so the CPU schedule test checks the arithmetic this scan runs.
 struct GroupTiles {
-  GroupTile* tiles = nullptr;   // TileCapacity entries; the first *count are valid
+  GroupTile* tiles = nullptr;    // TileCapacity entries; the first *count are valid
   int32_t* count = nullptr;
-  int64_t* row_start = nullptr;  // G + 1, as GroupedArrays::row_start
+  int64_t* row_start = nullptr;  // G + 1, as GroupedArrays::row_start (contiguous layout)
+  int32_t* tile_start = nullptr;  // G + 1: group g's tiles are [tile_start[g], tile_start[g + 1])
 };
-// sum_g ceil(rows_g / tile_rows) <= ceil(M / tile_rows) + G.
-int64_t TileCapacity(int64_t m, int64_t groups, int32_t tile_rows);
-// One block scans the sizes (clamped as above) into the tile table, its count and row_start.
+// One block scans the sizes into the tile table, its count, row_start and tile_start. capacity < 0:
+// the contiguous layout (groups one after the other, clamped as above); capacity >= 0: the masked
+// layout, group g at row g * capacity with clamp(size, 0, capacity) rows (MaskedGroup), m = G * capacity.
 Status LaunchGroupedTiles(const int32_t* group_sizes, int64_t groups, int64_t m, int32_t tile_rows,
-                          const GroupTiles& out, cudaStream_t stream);
+                          int64_t capacity, const GroupTiles& out, cudaStream_t stream);
+
+// The masked layout's rows past each group's count, out being (groups * capacity) rows of
+// row_bytes (a multiple of 16), written as zeros.
+Status LaunchZeroMaskedRows(void* out, int64_t groups, int64_t capacity, int64_t row_bytes,
+                            const int32_t* group_sizes, cudaStream_t stream);
 
 }  // namespace gpuext

@@ -13,6 +13,7 @@
 
 #include "csrc/allreduce/nvshmem_allreduce.h"
 #include "ffi/common/allreduce_attrs.h"
+#include "ffi/common/execute_stats.h"
 #include "ffi/common/ffi_util.h"
 #include "ffi/common/nvtx.h"
 #include "ffi/common/registry.h"
@@ -70,6 +71,7 @@ ffi::Error AllReduceChecked(cudaStream_t s, ffi::AnyBuffer x, ffi::Buffer<ffi::S
 ffi::Error AllReduceGraph(cudaStream_t s, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> r, ffi::Buffer<ffi::S32> c,
                           ffi::Result<ffi::AnyBuffer> o, int32_t op, int32_t alg, int64_t g, int64_t site,
                           int64_t ws, float t) {
+  GPUEXT_COUNT_EXECUTE("gpuext_all_reduce_graph", s);
   return AllReduceCuda(s, x, r, c, o, op, alg, g, site, ws, t, /*checked=*/false);
 }
 

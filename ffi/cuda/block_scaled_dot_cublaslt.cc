@@ -19,6 +19,7 @@
 #include <string>
 
 #include "csrc/dot/cublaslt_block_scaled.h"
+#include "ffi/common/execute_stats.h"
 #include "ffi/common/ffi_util.h"
 #include "ffi/common/library_paths.h"
 #include "ffi/common/nvtx.h"
@@ -118,6 +119,7 @@ ffi::Error BlockScaledDotCublasLt(cudaStream_t stream, int32_t device, ffi::AnyB
                                   ffi::AnyBuffer rhs, ffi::AnyBuffer rhs_scale, ffi::Buffer<ffi::F32> alpha_beta,
                                   ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace, int64_t k,
                                   int32_t lhs_type, int32_t rhs_type, int32_t lhs_scale_mode, int32_t rhs_scale_mode) {
+  if constexpr (kStage == ffi::ExecutionStage::kExecute) GPUEXT_COUNT_EXECUTE("gpuext_block_scaled_dot_cublaslt", stream);
   BlockScaledMatmul p;
   const ffi::Error described =
       DescribeCall(lhs, lhs_scale, rhs, rhs_scale, alpha_beta, out, workspace, k, lhs_type, rhs_type,

@@ -29,6 +29,7 @@
 
 #include "csrc/common/scoped_device.h"
 #include "csrc/hopper_mx/hopper_mx.h"
+#include "ffi/common/execute_stats.h"
 #include "ffi/common/ffi_util.h"
 #include "ffi/common/nvtx.h"
 #include "ffi/common/registry.h"
@@ -49,6 +50,7 @@ ffi::Error HopperMxDotImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a
                            ffi::AnyBuffer a_scale, ffi::AnyBuffer b_scale,
                            ffi::Result<ffi::AnyBuffer> out, int32_t config) {
   NvtxRange range("gpuext_hopper_mx_dot");
+  GPUEXT_COUNT_EXECUTE("gpuext_hopper_mx_dot", stream);
   hmx::Problem p;
   GPUEXT_FFI_CHECK(Fp8Type(a.element_type(), &p.a_type),
                    std::string("a must be float8_e4m3fn or float8_e5m2, got ") + DataTypeName(a.element_type()));

@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include "csrc/memory/place_cuda.h"
+#include "ffi/common/execute_stats.h"
 #include "ffi/common/ffi_util.h"
 #include "ffi/common/nvtx.h"
 #include "ffi/common/registry.h"
@@ -18,6 +19,7 @@ namespace {
 
 ffi::Error PlaceCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out) {
   NvtxRange range("gpuext_place");
+  GPUEXT_COUNT_EXECUTE("gpuext_place", stream);
   GPUEXT_FFI_CHECK(x.element_type() == out->element_type(),
                    std::string("operand is ") + DataTypeName(x.element_type()) + ", result is " +
                        DataTypeName(out->element_type()));

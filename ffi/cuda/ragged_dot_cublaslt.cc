@@ -25,6 +25,7 @@
 #include <string>
 
 #include "csrc/ragged_dot/cublaslt_grouped.h"
+#include "ffi/common/execute_stats.h"
 #include "ffi/common/ffi_util.h"
 #include "ffi/common/library_paths.h"
 #include "ffi/common/nvtx.h"
@@ -108,6 +109,7 @@ ffi::Error RaggedDotCublasLt(cudaStream_t stream, int32_t device, ffi::AnyBuffer
                              ffi::AnyBuffer rhs, ffi::Buffer<ffi::F32> rhs_scale, ffi::Buffer<ffi::S32> group_sizes,
                              ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace,
                              int32_t rhs_scale_mode, int32_t row_align) {
+  if constexpr (kStage == ffi::ExecutionStage::kExecute) GPUEXT_COUNT_EXECUTE("gpuext_ragged_dot_cublaslt", stream);
   GroupedMatmul p;
   void* workspace_base = nullptr;
   const ffi::Error described = DescribeCall(lhs, lhs_scale, rhs, rhs_scale, group_sizes, out, workspace,

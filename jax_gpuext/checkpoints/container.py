@@ -245,7 +245,17 @@ def _decode(path: str, name: str, code: str, shape: tuple, raw: np.ndarray) -> n
     if code == "BOOL" and codes.size and int(codes.max()) > 1:
         raise CheckpointError(f"{path}: tensor {name!r} (BOOL {list(shape)}) holds byte {int(codes.max())} at "
                               f"element {int(np.argmax(codes > 1))}; a BOOL is 0 or 1")
-    return codes.view(dtype).reshape(shape)
+    return _shaped(codes.view(dtype), shape, f"{path}: tensor {name!r} ({code} {list(shape)})")
+
+
+def _shaped(flat: np.ndarray, shape: tuple, where: str, order: str = "C") -> np.ndarray:
+    """``flat`` as ``shape``, or a CheckpointError naming the tensor where NumPy cannot hold that
+    shape (rank above NumPy's limit, or extents whose strides overflow even with no elements, e.g.
+    [0, 2**62, 4]: valid to safetensors, not representable as an ndarray)."""
+    try:
+        return flat.reshape(shape, order=order)
+    except ValueError as e:
+        raise CheckpointError(f"{where}: NumPy cannot hold this shape (rank {len(shape)}; {e})") from None
 
 
 def read_safetensors(path) -> dict[str, np.ndarray]:
@@ -326,6 +336,14 @@ def _metadata(path: str, metadata):
     return dict(metadata) or None
 
 
+def _file_kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return f"mode {stat.S_IFMT(mode):o}"
+
+
 def write_safetensors(path, tensors: Mapping, metadata: Mapping | None = None) -> None:
     """{name: array} (and optional str -> str metadata) -> a .safetensors file, written by the
     safetensors package. The file is written beside ``path`` and renamed over it, so whoever
@@ -337,6 +355,14 @@ def write_safetensors(path, tensors: Mapping, metadata: Mapping | None = None) -
     specs = {name: _tensor_spec(path, name, value, keep) for name, value in tensors.items()}
     metadata = _metadata(path, metadata)
     target = os.path.realpath(path)  # through a symlink, replace the file it points to
+    try:
+        existing = os.stat(target).st_mode
+    except FileNotFoundError:
+        existing = None
+    if existing is not None and not stat.S_ISREG(existing):
+        # renaming over a FIFO, a device node or a socket would silently replace it with a file
+        raise CheckpointError(f"{path}: exists and is not a regular file ({_file_kind(existing)}); "
+                              "refusing to replace it")
     folder, base = os.path.split(target)
     while True:
         temp = os.path.join(folder, f".{base}.{secrets.token_hex(6)}.tmp")
@@ -407,8 +433,7 @@ def _npz_member(path: str, zf: zipfile.ZipFile, info: zipfile.ZipInfo, file_size
             raise CheckpointError(f"{where} holds more bytes than its header says")
     if dtype == np.bool_ and size and int(raw.max()) > 1:
         raise CheckpointError(f"{where} (bool) holds byte {int(raw.max())}; a bool is 0 or 1")
-    a = raw.view(dtype)
-    a = a.reshape(shape[::-1]).T if fortran_order else a.reshape(shape)
+    a = _shaped(raw.view(dtype), shape, where, order="F" if fortran_order else "C")
     return a.astype(dtype.newbyteorder("=")) if not dtype.isnative else a
 
 
@@ -435,8 +460,9 @@ def read_npz(path) -> dict[str, np.ndarray]:
 def read_tensors(path) -> dict[str, np.ndarray]:
     """A .safetensors or .npz file as {name: array}."""
     path = file_path(path)
-    if path.endswith(".safetensors"):
+    suffix = os.path.splitext(path)[1].lower()  # FILE.SAFETENSORS is the same kind of file
+    if suffix == ".safetensors":
         return read_safetensors(path)
-    if path.endswith(".npz"):
+    if suffix == ".npz":
         return read_npz(path)
     raise CheckpointError(f"{path}: expected a .safetensors or .npz file")

@@ -122,9 +122,22 @@ def _workspace_bytes(platform: str) -> int:
     if platform == "cuda":
         from jax_gpuext.collectives import distributed
 
-        return distributed.workspace_bytes()
+        return distributed.workspace_bytes()  # refuses a value below the CUDA minimum, by name
     value = env.get(WORKSPACE_ENV)
     return DEFAULT_CPU_WORKSPACE_BYTES if value is None else value
+
+
+def _check_cpu_workspace(workspace: int, backend: str, group_size: int, dtype) -> None:
+    """The CPU protocol's workspace must hold one element per rank (csrc/allreduce ChunkElements:
+    one_shot n slots, two_shot 2n segments). Too small a $JAX_GPUEXT_ALLREDUCE_WORKSPACE_BYTES
+    failed inside the handler at run time; it is refused here, at trace time, naming the variable.
+    The default (1 MiB) holds 2 x 4096 ranks x 8 bytes, the handler's largest group."""
+    need = (2 if backend == "two_shot" else 1) * group_size * np.dtype(dtype).itemsize
+    if workspace < need:
+        raise env.EnvironmentVariableError(
+            WORKSPACE_ENV, env.raw(WORKSPACE_ENV) or str(workspace),
+            f"at least {need} bytes for this call ({backend} over {group_size} ranks of {np.dtype(dtype).name}: "
+            "one element per rank" + (", twice" if backend == "two_shot" else "") + ")")
 
 
 def _graph_safe(environ=None) -> bool:
@@ -332,6 +345,11 @@ def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto", timeou
         backends.note(sel, "axes bound by vmap, if any, are reduced over the batch dimension (as lax.psum "
                            "does); the kernel runs over the device axes that remain")
     cfg = _Config(axes, sizes, op, sel.chosen, timeout, *spaces, bool(strict_spaces))
+    if x.size == 0:
+        # Nothing to reduce, on any backend: no custom call and no XLA collective, and the result
+        # is built from nothing, so x is not used at all (_empty_like; docs/design.md, issue 33).
+        backends.note(sel, "zero-size operand: an empty result, no collective and no custom call")
+        return _empty_like(x)
     # This device's index over `axes` and its group among the other mesh axes, computed here, where
     # every axis name is bound: JAX does not bind vmap's axis names inside a custom_jvp rule that it
     # batches (batch_custom_jvp_subtrace), so the rule below must not need them.
@@ -453,9 +471,20 @@ def _like_vma(t, like):
 def _all_reduce_impl(x, rank, color, cfg: _Config):
     if cfg.backend in ("xla", backends.REFERENCE):
         return _xla_reduce(x, cfg.axes, cfg.op)
-    if x.size == 0:
-        return x
     return _ffi_all_reduce(x, rank, color, cfg)
+
+
+def _empty_like(x):
+    """An empty array typed like ``x`` (shape, dtype, varying axes) that does not use its values.
+
+    Returning ``x`` itself (as this module did) made the empty shard_map operand flow into the
+    program's results. jaxlib 0.11.2 segfaults inside XLA's SPMD partitioning pipeline compiling such
+    a shard_map beside non-empty values, on CPU and GPU alike (issue 33: the GPU all-reduce check's
+    first program); 0.10.2, 0.11.0, 0.11.1 and 0.12.0.1 compile it. Built from nothing, the result
+    leaves the operand unused, and JAX drops it from the shard_map. zeros_like reads only the
+    operand's type, and gives the result its varying axes on every jax, as the kernels' results
+    have; an explicit dtype keeps it strongly typed, as theirs are."""
+    return jnp.zeros_like(x, dtype=x.dtype)
 
 
 def _xla_reduce(x, axes, op):
@@ -546,12 +575,15 @@ def _ffi_all_reduce(x, rank, color, cfg: _Config):
         from jax_gpuext.collectives import distributed
 
         distributed.ensure_initialized()  # lazy: first use bootstraps NVSHMEM and registers _nvshmem
+    workspace = _workspace_bytes(platform)
+    if platform != "cuda":
+        _check_cpu_workspace(workspace, cfg.backend, math.prod(cfg.sizes), x.dtype)
     attrs = dict(
         op=np.int32(OPS[cfg.op]),
         algorithm=np.int32(ALGORITHM_CODES[cfg.backend]),
         group_size=np.int64(math.prod(cfg.sizes)),
         site=np.int64(next(_sites)),
-        workspace_bytes=np.int64(_workspace_bytes(platform)),
+        workspace_bytes=np.int64(workspace),
         timeout_s=np.float32(cfg.timeout_s),
     )
     # No host check per call on the graph-safe target: timeouts surface via distributed.check_status().
@@ -562,8 +594,9 @@ def _ffi_all_reduce(x, rank, color, cfg: _Config):
         from jax_gpuext.memory import spaces as memory
 
         ops, res = (memory._drop_default(dict(sp)) for sp in (cfg.operand_spaces, cfg.result_spaces))
-        if not memory._gate_allows(OP, ops, res, cfg.strict_spaces, None):
-            cfg = dataclasses.replace(cfg, operand_spaces=(), result_spaces=())
+        kept = memory.allowed_spaces(OP, ops, res, cfg.strict_spaces, None)
+        if kept != (ops, res):
+            cfg = dataclasses.replace(cfg, operand_spaces=kept[0], result_spaces=kept[1])
     _ext.ensure_all_registered()
     return _kernel_primitive().bind(x, rank, color, cfg=cfg, target=target, attrs=tuple(sorted(attrs.items())))
 
@@ -594,6 +627,10 @@ def _emit(x, rank, color, *, cfg: _Config, target: str, attrs: tuple):
     # it drops it everywhere, and the unique `site` attribute keeps two calls from being
     # merged (CSE). A side effect would also make JAX hold runtime tokens that re-raise a
     # timed-out call's error at every later effects barrier.
+    if x.size == 0:
+        # all_reduce returns before binding for an empty operand; this catches the rest (vmap over
+        # an empty batch), so no custom call of ours ever gets a zero-size buffer.
+        return jnp.zeros(x.shape, x.dtype)
     result = jax.ShapeDtypeStruct(x.shape, x.dtype)
     if cfg.operand_spaces or cfg.result_spaces:
         from jax_gpuext.memory import spaces as memory
@@ -728,6 +765,6 @@ def demo_steps():
         print(f"tensor-parallel MLP on {n} device(s) with MXFP8 scaled_dot_general: max error / max |y| = {rel:.2e}")
         if not rel < 0.1:
             raise AssertionError(f"MXFP8 MLP error {rel} is beyond MXFP8's level")
-        print(explain(f, *shard_mlp_params(mesh, x, w1, w2)))
+        print(explain(f, *shard_mlp_params(mesh, x, w1, w2)).table())
 
     return [("all_reduce: tensor-parallel MLP under shard_map", mlp)]

@@ -20,6 +20,7 @@ import atexit
 import base64
 import dataclasses
 import logging
+import numbers
 import os
 import threading
 
@@ -33,6 +34,9 @@ WORKSPACE_ENV = "JAX_GPUEXT_ALLREDUCE_WORKSPACE_BYTES"
 FINALIZE_ENV = "JAX_GPUEXT_NVSHMEM_FINALIZE"
 DEFAULT_GPU_WORKSPACE_BYTES = 32 << 20  # per PE; messages above it run in chunks
 # (nvshmem_library stages through a second symmetric region of the same size)
+# The smallest workspace per PE that initialize accepts (as it always has): the CPU protocol's
+# few hundred test bytes are a configuration mistake on CUDA, refused naming the variable.
+MIN_GPU_WORKSPACE_BYTES = 4096
 UID_KEY = "jax_gpuext/nvshmem_uniqueid"
 UID_TIMEOUT_MS = 120_000
 
@@ -67,8 +71,21 @@ def workspace_bytes() -> int:
 
 
 def _configured_workspace_bytes() -> int:
+    """$JAX_GPUEXT_ALLREDUCE_WORKSPACE_BYTES as CUDA reads it. The variable also sizes the CPU
+    protocol's workspace, where a few hundred bytes are valid (the CPU tests use 512), so the
+    table's range admits them; on CUDA a value below MIN_GPU_WORKSPACE_BYTES is refused here, where
+    it is read, naming the variable (it used to surface as a wrapped ValueError from inside the
+    lazy NVSHMEM initialization, issue 33)."""
     value = env.get(WORKSPACE_ENV)
-    return DEFAULT_GPU_WORKSPACE_BYTES if value is None else value
+    if value is None:
+        return DEFAULT_GPU_WORKSPACE_BYTES
+    if value < MIN_GPU_WORKSPACE_BYTES:
+        raise env.EnvironmentVariableError(
+            WORKSPACE_ENV, env.raw(WORKSPACE_ENV),
+            f"on CUDA an integer of at least {MIN_GPU_WORKSPACE_BYTES} (the NVSHMEM workspace per PE; "
+            f"values below it are valid only for the CPU protocol); unset it for the default "
+            f"{DEFAULT_GPU_WORKSPACE_BYTES}")
+    return value
 
 
 def is_initialized() -> bool:
@@ -93,6 +110,12 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     with _lock:
         if _info is not None:
             return _info
+        # Checked before anything starts: a refused size must not leave NVSHMEM initialized
+        # without its workspace.
+        ws = workspace_bytes if workspace_bytes is not None else _configured_workspace_bytes()
+        if isinstance(ws, bool) or not isinstance(ws, numbers.Integral) or ws < MIN_GPU_WORKSPACE_BYTES:
+            raise ValueError(f"jax_gpuext.distributed.initialize: workspace_bytes must be an int of at least "
+                             f"{MIN_GPU_WORKSPACE_BYTES}, got {ws!r}")
         import jax
 
         if coordinator_address is not None or num_processes is not None or jax_distributed_kwargs:
@@ -122,9 +145,7 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
         else:
             uid = _exchange_uniqueid(mod, rank, n)
             mod.initialize(rank, n, uid, device)  # raises RuntimeError naming the NVSHMEM call
-        ws = workspace_bytes if workspace_bytes is not None else _configured_workspace_bytes()
-        if ws < 4096:
-            raise ValueError(f"workspace_bytes must be at least 4096, got {ws}")
+        ws = int(ws)
         mod.allocate_workspace(ws)  # collective nvshmem_malloc: every PE must call it
         for name, handler in mod.registrations().items():
             jax.ffi.register_ffi_target(name, handler, platform="CUDA")
@@ -142,8 +163,8 @@ def ensure_initialized() -> NvshmemInfo:
         return _info
     try:
         return initialize()
-    except UnsupportedError:
-        raise
+    except (UnsupportedError, env.EnvironmentVariableError):
+        raise  # already say what to change
     except Exception as e:  # noqa: BLE001 - say where it came from
         raise RuntimeError(f"all_reduce: lazy NVSHMEM initialization failed ({e}); call "
                            "jax_gpuext.distributed.initialize(...) explicitly after jax.distributed.initialize") from e

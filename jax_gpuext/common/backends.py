@@ -10,9 +10,13 @@ the fallback is logged once on logger ``jax_gpuext`` and every selection is reco
 named ops, for bisecting a wrong result down to one of our kernels.
 
 Safe defaults (``jax_gpuext.common.verified``): on CUDA, ``auto`` passes over a GPU backend (one in
-``verified.BACKENDS``) that is not verified on this GPU's architecture at this build's
-source fingerprint: a visible choice, logged once. Naming it runs it (one warning per process);
-``JAX_GPUEXT_ALLOW_UNVERIFIED=1`` lets ``auto`` take it.
+``verified.BACKENDS``) that is not verified for this problem's feature (``Backend.feature``) on this
+GPU's architecture at this build's source fingerprint: a visible choice, logged once. Among the
+backends that remain, for the ops ``verified.SPEED_OPS``, it runs the one the committed benchmarks
+measured fastest for this format pairing and size class, never one measured slower than the xla
+path (``verified.rank``; ``explain`` shows the numbers). Naming a backend runs it (one warning per
+process); ``JAX_GPUEXT_ALLOW_UNVERIFIED=1`` turns the record off for ``auto``: the first backend that
+runs, in preference order.
 """
 
 from __future__ import annotations
@@ -45,6 +49,12 @@ class Backend:
     problem but should not (all_reduce's one_shot above its size crossover): a choice, not a
     fallback, so it is neither logged as one nor flagged by explain.
     Which backends run GPU code that must be verified is one table, ``verified.BACKENDS``.
+    ``feature(problem)`` names what of the backend a problem runs (cuBLASLt: "fp8_blockwise",
+    "per_tensor", "per_tensor_batched", ...), the name the GPU tests give in
+    ``@pytest.mark.verifies(component, feature=...)``: ``auto`` needs that feature verified, so a
+    failure in one feature leaves the others on; it returns None for a problem the backend does
+    not take (``supports`` then says why). No ``feature``: the whole component must be verified.
+    It must be cheap and never probe a GPU: it is asked before ``supports``.
     """
 
     name: str
@@ -54,6 +64,7 @@ class Backend:
     supports: Callable[[Any], gates.GateResult] | None = None
     takes: str = "every problem"
     prefers: Callable[[Any], gates.GateResult] | None = None
+    feature: Callable[[Any], str] | None = None
 
 
 @dataclasses.dataclass
@@ -66,6 +77,8 @@ class Selection:
     rejected: list[tuple[str, str]]
     fallback: bool
     notes: list[str] = dataclasses.field(default_factory=list)
+    # what auto chose by where it ranked by measured speed (verified.rank): one dict per backend
+    speeds: list[dict] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -148,8 +161,14 @@ def _why_not(b: Backend, platform_name: str, problem) -> str | None:
     return None
 
 
-def unverified(op: str, b: Backend, platform_name: str) -> str | None:
-    """Why backend ``b`` of ``op`` is not verified here (None: verified, or XLA's own code).
+def feature_of(b: Backend, problem) -> str | None:
+    """The feature of ``problem`` that backend ``b`` runs (None: the backend names none)."""
+    return None if b.feature is None or problem is None else b.feature(problem)
+
+
+def unverified(op: str, b: Backend, platform_name: str, problem=None) -> str | None:
+    """Why backend ``b`` of ``op`` is not verified here for ``problem``'s feature (None: verified,
+    or XLA's own code).
 
     Only on a CUDA device: the record is per architecture. Lowering for cuda ahead of time on a
     host without one is left to the backends' own gates (most need ``cuda_device``)."""
@@ -160,8 +179,19 @@ def unverified(op: str, b: Backend, platform_name: str) -> str | None:
     components = verified.components(op, b.name)
     if not components:
         return None
-    r = verified.check_all(components)
+    feature = feature_of(b, problem)
+    if b.feature is not None and problem is not None and feature is None:
+        return f"backend {b.name!r} names no feature for this problem: nothing verifies it"
+    r = verified.check_all(components, feature)
     return None if r.supported else r.reason
+
+
+def _not_its_problem(b: Backend, platform_name: str, problem) -> str | None:
+    """For a backend whose ``feature`` names none for this problem (not one it takes): why not, from
+    ``supports``, rather than "not verified"."""
+    if b.feature is None or problem is None or b.feature(problem) is not None:
+        return None
+    return _why_not(b, platform_name, problem)
 
 
 def _warn_once(key: tuple, message: str, *args) -> None:
@@ -202,7 +232,7 @@ def select(op: str, requested: str = "auto", *, problem=None) -> Selection:
             raise UnsupportedError(f"{op}: backend {requested!r} cannot run here", reason=why)
         rejected = [(n, "not requested") for n in names if n != requested]
         sel = Selection(op, requested, platform_name, requested, "requested by name", rejected, False)
-        unv = unverified(op, b, platform_name)
+        unv = unverified(op, b, platform_name, problem)
         if unv is not None:  # named: it runs, and says once that it has not passed on this GPU
             sel.notes.append(f"runs unverified (requested by name): {unv}")
             _warn_once(("named", op, requested), "%s: backend %r runs because it was named, but it is %s",
@@ -211,10 +241,17 @@ def select(op: str, requested: str = "auto", *, problem=None) -> Selection:
 
     from jax_gpuext.common import verified
 
+    if platform_name == "cuda" and op in verified.SPEED_OPS and not verified.allow_unverified() \
+            and verified.architecture() is not None:
+        ranked = _select_ranked(op, requested, platform_name, candidates, problem)
+        if ranked is not None:
+            return _record(ranked)
+
     rejected, skipped_same_platform, unverified_names, allowed = [], False, [], {}
     for b in candidates:
         why = _why_not_here(b, platform_name)
-        unv = unverified(op, b, platform_name) if why is None else None
+        why = why if why is not None else _not_its_problem(b, platform_name, problem)
+        unv = unverified(op, b, platform_name, problem) if why is None else None
         if unv is not None and not verified.allow_unverified():
             # Checked before `supports`: a backend auto will not take needs no trace-time probing.
             rejected.append((b.name, f"{PASSED_OVER}: {unv}"))
@@ -249,6 +286,56 @@ def select(op: str, requested: str = "auto", *, problem=None) -> Selection:
                                  skipped_same_platform))
     detail = "; ".join(f"{n}: {w}" for n, w in rejected)
     raise UnsupportedError(f"{op}: no backend can run on {platform_name}", reason=detail)
+
+
+def _select_ranked(op: str, requested: str, platform_name: str, candidates: list[Backend], problem):
+    """``auto`` on a CUDA device for an op the record ranks by speed: every backend is asked (gates,
+    verified feature, ``supports``, ``prefers``) and ``verified.rank`` picks among those that can
+    run. None where it does not rank this problem (select then takes the first that runs)."""
+    from jax_gpuext.common import verified
+
+    rejected, runnable, skipped_before = [], [], {}
+    for b in candidates:
+        why = _why_not_here(b, platform_name)
+        why = why if why is not None else _not_its_problem(b, platform_name, problem)
+        unv = unverified(op, b, platform_name, problem) if why is None else None
+        if unv is not None:  # checked before `supports`: no trace-time probing for what auto will not take
+            rejected.append((b.name, f"{PASSED_OVER}: {unv}"))
+            _warn_once(("unverified", op, b.name, unv), "%s: auto passes over backend %r: %s (%s=1 lets auto "
+                       "take it; naming the backend runs it)", op, b.name, unv, verified.ALLOW_ENV)
+            continue
+        if why is None:
+            why = _why_not(b, platform_name, problem)
+        if why is None and b.prefers is not None:
+            pref = b.prefers(problem)
+            if not pref.supported:
+                rejected.append((b.name, f"{PASSED_OVER}: {pref.reason}"))
+                continue
+        if why is None:
+            runnable.append(b)
+            continue
+        rejected.append((b.name, why))
+        skipped_before[b.name] = platform_name in b.platforms
+    if not runnable:
+        return None  # select's own loop says why, and runs what was only passed over
+    ours = {b.name for b in runnable if verified.components(op, b.name)}
+    ranking = verified.rank(op, problem, [b.name for b in runnable], ours)
+    if ranking is None:  # not ranked: preference order among those that run
+        first = runnable[0]
+        ranking = verified.Ranking(first.name, first.description or "first supported backend",
+                                   {b.name: "lower preference" for b in runnable[1:]})
+    order = [b.name for b in candidates]
+    chosen = ranking.chosen
+    rejected += [(n, w if w == "lower preference" else f"{PASSED_OVER}: {w}") for n, w in ranking.passed_over.items()]
+    rejected.sort(key=lambda r: order.index(r[0]))
+    # a fallback, as in the unranked path: a backend before the chosen one on this platform was
+    # refused for a reason other than a choice (a closed gate, a problem it does not take)
+    fallback = any(skipped_before.get(n, False) for n in order[:order.index(chosen)])
+    sel = Selection(op, requested, platform_name, chosen, ranking.reason, rejected, fallback,
+                    speeds=ranking.speeds)
+    for c in verified.components(op, chosen):
+        sel.notes += verified.caveats(c)
+    return sel
 
 
 def _record(sel: Selection) -> Selection:

@@ -123,12 +123,17 @@ def format_table(report: dict) -> str:
         out.append(f"  {name:<{gw}}  {'yes' if g['supported'] else 'no ':<3}  {g['reason']}")
     v = report["verified"]
     allowed = "; JAX_GPUEXT_ALLOW_UNVERIFIED=1 is set" if v["allow_unverified"] else ""
-    out += ["", f"verified GPU backends (auto runs only these on a GPU{allowed})"]
+    out += ["", f"verified GPU backends (auto runs only these on a GPU, per feature, the fastest measured{allowed})"]
     vw = max(len(n) for n in v["backends"])
     for name, b in v["backends"].items():
-        where = ", ".join(a + ("" if e["at_this_source"] else " (older source)") for a, e in b["architectures"].items())
+        where = ", ".join(a + ("" if e["at_this_source"] else " (older source)")
+                          + (f" [{', '.join(f for f, ok in e['features'].items() if ok)}]"
+                             if any(e.get("features", {}).values()) else "")
+                          for a, e in b["architectures"].items())
         here = "yes" if b["here"]["verified"] else "no "
-        out.append(f"  {name:<{vw}}  {here}  {b['here']['reason']}; passed on: {where or 'none'}")
+        out.append(f"  {name:<{vw}}  {here}  {b['here']['reason']}; tested on: {where or 'none'}")
+        for feature, reason in b["here"].get("features", {}).items():  # per feature, on this GPU at this source
+            out.append(f"  {'':<{vw}}       {feature}: {reason}")
     return "\n".join(out)
 
 

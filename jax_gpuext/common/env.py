@@ -34,7 +34,8 @@ class EnvironmentVariableError(ValueError):
     """A ``JAX_GPUEXT_*`` variable holds a value outside its documented spellings or range."""
 
     def __init__(self, name: str, value: str, expected: str):
-        super().__init__(f"environment variable {name}={value!r} is not valid: expected {expected}")
+        shown = value if len(value) <= 60 else f"{value[:40]}... ({len(value)} characters)"
+        super().__init__(f"environment variable {name}={shown!r} is not valid: expected {expected}")
         self.name, self.value, self.expected = name, value, expected
 
 
@@ -193,10 +194,12 @@ def parse(var: Variable, text: str):
             return False
     elif var.kind in ("float", "int"):
         pattern = _INTEGER if var.kind == "int" else _NUMBER
-        if pattern.match(s):
+        # An integer of at most 40 digits: every range here fits, and a longer one never reaches
+        # int() (Python's digit limit) or isfinite() (OverflowError for an int beyond a float).
+        if pattern.match(s) and (var.kind != "int" or len(s) <= 40):
             value = int(s) if var.kind == "int" else float(s)
-            if math.isfinite(value) and (var.minimum is None or value >= var.minimum) and (
-                    var.maximum is None or value <= var.maximum):
+            if (var.kind == "int" or math.isfinite(value)) and (
+                    var.minimum is None or value >= var.minimum) and (var.maximum is None or value <= var.maximum):
                 return value
     elif var.kind == "choice":
         if s.lower() in var.choices:

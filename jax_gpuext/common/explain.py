@@ -31,9 +31,67 @@ class Explanation:
                 lines.append(f"      not {name}: {why}")
             for n in c.notes:
                 lines.append(f"      note: {n}")
+            lines += _speed_lines(c.speeds)
         return "\n".join(lines)
 
     __repr__ = __str__
+
+    def table(self) -> str:
+        """One compact table: a row per distinct (op, backend, reason), with how many calls it
+        covers. For progress output (the demo prints one per step); ``str()`` is the full form."""
+        if not self.calls:
+            return f"({self.platform}: no jax_gpuext calls)"
+        rows: dict[tuple, int] = {}
+        for c in self.calls:
+            key = (c.op, c.chosen, _short_reason(c))
+            rows[key] = rows.get(key, 0) + 1
+        head = ("op", "backend", "calls", f"why ({self.platform})")
+        body = [(op, chosen, str(n), why) for (op, chosen, why), n in rows.items()]
+        widths = [max(len(r[i]) for r in [head, *body]) for i in range(3)]
+        return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:>{widths[2]}}  {r[3]}" for r in [head, *body])
+
+
+def _short_reason(c: backends.Selection, limit: int = 60) -> str:
+    """A few words on why ``c.chosen`` runs: the speed it was chosen by, a fallback's cause, or the
+    first clause of the backend's description."""
+    if c.fallback:
+        causes = [w for n, w in c.rejected if w != "lower preference" and not w.startswith(backends.PASSED_OVER)]
+        why = "FALLBACK: " + (causes[0] if causes else c.reason)
+    elif c.requested != "auto":
+        why = "requested by name"
+    else:
+        chosen = [s for s in getattr(c, "speeds", None) or [] if s.get("chosen")]
+        if chosen:
+            s = chosen[0]
+            why = f"fastest measured: {s['value']:,.0f} {s['unit']}" + (
+                f" ({s['vs_bf16']:.2f}x bf16)" if s.get("vs_bf16") else "")
+        else:
+            why = c.reason.split(";")[0].split(". ")[0]
+    if c.notes and not c.fallback:
+        why += f" [+{len(c.notes)} note{'s' if len(c.notes) > 1 else ''}]"
+    return why if len(why) <= limit else why[:limit - 3].rstrip() + "..."
+
+
+def _speed_lines(speeds: list[dict]) -> list[str]:
+    """The numbers auto chose by (``Selection.speeds``, from the committed GPU results)."""
+    if not speeds:
+        return []
+    width = max(len(s["backend"]) for s in speeds)
+    lines = [f"      measured (size class 2^{speeds[0]['size_class']}):"]
+    for s in speeds:
+        value = f"{s['value']:,.0f} {s['unit']}"
+        if s.get("time_us"):
+            value = f"{s['time_us']:,.0f} us ({value})"
+        ratio = f" ({s['vs_bf16']:.2f}x bf16)" if s.get("vs_bf16") else ""
+        shapes = ", ".join(_shape(x) for x in s["shapes"])
+        lines.append(f"        {s['backend']:<{width}}  {value}{ratio} at {shapes}" + ("  <- chosen" if s["chosen"] else ""))
+    lines.append(f"        from {', '.join(sorted({r for s in speeds for r in s['results']}))}")
+    return lines
+
+
+def _shape(shape) -> str:
+    shape = [x for x in shape if x is not None]
+    return f"{shape[0]}^3" if len(shape) == 3 and len(set(shape)) == 1 else "x".join(map(str, shape))
 
 
 def explain(fn, *args, platform: str | None = None, **kwargs) -> Explanation:

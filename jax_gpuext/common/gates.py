@@ -415,3 +415,45 @@ def _nvshmem_allreduce_module():
         return GateResult(False, why)
     info = mod.build_info()
     return GateResult(True, f"built against NVSHMEM {info['nvshmem_version']}")
+
+
+# --------------------------------------------------------------------------- memory spaces (issue 33)
+# Probes that need a layer above common/ (a program of ours run on the device): registered by that
+# layer at import, so gates never import upward (docs/design.md, "Where things are").
+_PROBES: dict = {}
+
+
+def set_probe(name: str, fn) -> None:
+    _PROBES[name] = fn
+
+
+@_gate("gpu_temp_memory_space", "jax",
+       "JAX's GPU client can allocate XLA memory space 2 (TEMP): the process started with "
+       "XLA_FLAGS=--xla_gpu_temp_buffer_use_separate_color=true (a probe program placed in it runs)",
+       "XLA:GPU compiles a buffer into space 2 whenever a custom call asks (results_memory_spaces), but the "
+       "PJRT GPU client adds an allocator for that space only when --xla_gpu_temp_buffer_use_separate_color is "
+       "true in XLA_FLAGS as the client is created (xla/pjrt/gpu/se_gpu_pjrt_client.cc); without it every run "
+       "fails with 'No allocator found in MultiDeviceAdapter for device ordinal 0 and memory space 2' (H200, "
+       "jaxlib 0.11.2). The flag is read once per process and newer clients may differ, so the gate runs a "
+       "small program in TEMP memory rather than reading XLA_FLAGS")
+def _gpu_temp_memory_space():
+    r = check_all(["cuda_extension", "cuda_device", "jaxlib_custom_call_memory_spaces"])
+    if not r.supported:
+        return r
+    import os
+    import re
+
+    probe = _PROBES.get("temp_memory_space")
+    if probe is None:
+        return GateResult(False, "jax_gpuext.memory is not imported (it registers this gate's probe)")
+    flags = re.findall(r"--xla_gpu_temp_buffer_use_separate_color(?:=(\w+))?", os.environ.get("XLA_FLAGS", ""))
+    flag_on = bool(flags) and flags[-1].lower() in ("", "true", "1")
+    why = probe()
+    if why is None:
+        return GateResult(True, "a program with a buffer in memory space 2 ran on this GPU client")
+    if "No allocator found" in why:
+        hint = ("XLA_FLAGS has the flag now, but it was not there when JAX created its GPU client (set it before "
+                "the process starts)" if flag_on else
+                "start the process with XLA_FLAGS=--xla_gpu_temp_buffer_use_separate_color=true")
+        return GateResult(False, f"JAX's GPU client has no allocator for memory space 2 (TEMP): {hint}")
+    return GateResult(False, f"a program with a buffer in memory space 2 failed: {why[:300]}")

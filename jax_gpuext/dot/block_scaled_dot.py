@@ -29,7 +29,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jax_gpuext.common import backends
+from jax_gpuext.common import backends, eager, export
 from jax_gpuext.dot import cublaslt, cudnn, hopper_mx, reference, xla
 from jax_gpuext.dot.common import OP, _check_out_dtype, _problem
 
@@ -57,6 +57,16 @@ def _register_backends() -> None:
 _register_backends()
 
 
+def _run(statics, sel, lhs, rhs):
+    p, chosen = statics
+    return _IMPLS[chosen](lhs, rhs, p, sel)
+
+
+# Eager calls compile once per problem (common/eager.py; issue 34, finding 4: the xla backend's
+# run-time lax.cond compiled again on every eager call).
+_cached = eager.Cached(_run)
+
+
 # --------------------------------------------------------------------------- public: block_scaled_dot
 def block_scaled_dot(lhs, rhs, dimension_numbers=None, *, preferred_element_type=jnp.float32,
                      backend: str = "auto") -> jax.Array:
@@ -74,4 +84,6 @@ def block_scaled_dot(lhs, rhs, dimension_numbers=None, *, preferred_element_type
     out_dtype = _check_out_dtype(preferred_element_type, "block_scaled_dot")
     p = _problem(lhs, rhs, dimension_numbers, out_dtype)
     sel = backends.select(OP, backend, problem=p)
-    return _IMPLS[sel.chosen](lhs, rhs, p, sel)
+    out = _cached((p, sel.chosen), sel, lhs, rhs)
+    # lowered for another platform than the one traced for: that platform's choice, or a clear refusal
+    return export.mark_choice(out, sel, p) if eager.traced(out) else out

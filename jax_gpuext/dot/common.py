@@ -9,13 +9,15 @@ Canonical form. GPU backends see ``lhs (B, M, K)`` and ``rhs (B, N, K)``, both c
 batch / free dimensions of the ``dot_general`` dimension numbers. The reference backend works on
 the original layout.
 
-Imports only ``jax_gpuext.common`` and ``jax_gpuext.formats``: the backends import this module,
-and the op (``dot.block_scaled_dot``) imports the backends, never the reverse.
+Imports only ``jax_gpuext.common``, ``jax_gpuext.formats`` and ``dot.scale_range`` (which imports
+only ``formats``): the backends import this module, and the op (``dot.block_scaled_dot``) imports
+the backends, never the reverse.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -25,6 +27,8 @@ import numpy as np
 from jax import lax
 
 from jax_gpuext import formats
+from jax_gpuext.dot import scale_range
+from jax_gpuext.formats import reference as _fref
 from jax_gpuext.formats.quantize import _broadcast_leading
 
 OP = "block_scaled_dot"
@@ -302,13 +306,50 @@ def _global(q, ndim: int = 0) -> jax.Array:
     return _broadcast_leading(jnp.asarray(q.global_scale, jnp.float32), ndim)
 
 
-def _reference(lhs, rhs, p: DotProblem) -> jax.Array:
+def _reference_acc(lhs, rhs, p: DotProblem) -> jax.Array:
+    """The float32 accumulator: each operand dequantized to float32, one dot at HIGHEST precision."""
     dl = lhs.data.astype(jnp.float32) * _expanded_scale(lhs, p.lhs_format)
     dr = rhs.data.astype(jnp.float32) * _expanded_scale(rhs, p.rhs_format)
     dn = ((p.lhs_contract, p.rhs_contract), (p.lhs_batch, p.rhs_batch))
-    acc = lax.dot_general(dl, dr, dn, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+    return lax.dot_general(dl, dr, dn, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+
+
+def _reference(lhs, rhs, p: DotProblem) -> jax.Array:
+    if p.lhs_format.family == "mx":
+        # E8M0 scales reach 2^-127 (a float32 subnormal, flushed by XLA:CPU) and 2^127 (448 x 2^127
+        # overflows): the one float32 dot where it is exact, else scale_range's exponent classes
+        # (docs/design.md, "The smallest and largest MX scales").
+        return scale_range.dot(functools.partial(_reference_acc, p=p), lhs, rhs, p.bmnk[3], p.out_dtype)
     # Global scales multiply the fp32 accumulator once, as the math above states (not each element).
-    return (acc * (_global(lhs, acc.ndim) * _global(rhs, acc.ndim))).astype(p.out_dtype)
+    return apply_global_scales(_reference_acc(lhs, rhs, p), lhs, rhs, p.out_dtype)
+
+
+def apply_global_scales(acc, lhs, rhs, out_dtype) -> jax.Array:
+    """``acc * (gs_l * gs_r)`` cast to ``out_dtype`` (NVFP4; without global scales the cast alone),
+    with the product of the two global scales formed with an unbounded exponent: two float32
+    scales of 2^-80 multiply to 2^-160, below float32's range, although acc x 2^-160 may be an
+    ordinary number (issue 34: a representable result is not lost to an intermediate scale
+    factor). The same roundings as the float32 expression (gs_l * gs_r to 24 bits, the product to
+    24 bits, then the output type) wherever that stays in float32's normal range, on bit patterns
+    (``formats.reference``: no float operation XLA:CPU could flush). A NaN / Inf anywhere takes the
+    float32 expression's result."""
+    if lhs.global_scale is None and rhs.global_scale is None:
+        return acc.astype(out_dtype)
+    gl, gr = _global(lhs, acc.ndim), _global(rhs, acc.ndim)
+    plain = (acc * (gl * gr)).astype(out_dtype)
+    parts = [_fref.decode(lax.bitcast_convert_type(jnp.asarray(v, jnp.float32), jnp.uint32), _fref.F32)
+             for v in (acc, gl, gr)]
+    (sa, ka, ma), (sl, kl, ml), (sr, kr, mr) = parts
+    kg, mg = _fref.multiply(kl, ml, kr, mr)
+    ky, my = _fref.multiply(ka, ma, kg, mg)
+    zero = (ma == 0) | (ml == 0) | (mr == 0)
+    code = _fref.round_to(sa ^ sl ^ sr, ky, jnp.where(zero, 0, my), scale_range.OUT_FORMATS[jnp.dtype(out_dtype)])
+    if jnp.dtype(out_dtype) == jnp.float32:
+        exact = lax.bitcast_convert_type(code, jnp.float32)
+    else:
+        exact = lax.bitcast_convert_type(code.astype(jnp.uint16), out_dtype)
+    finite = jnp.isfinite(acc) & jnp.isfinite(gl) & jnp.isfinite(gr)
+    return jnp.where(finite, exact, plain)
 
 
 # --------------------------------------------------------------------------- canonical form

@@ -52,6 +52,14 @@ BLOCK_SCALE_MODES = (SCALE_VEC16_UE4M3, SCALE_VEC32_UE8M0, SCALE_VEC128_32F, SCA
 # quantized") and every shape NVIDIA tests is % 16; 16 satisfies both and the VEC128 layout's % 4.
 # The handler (csrc/dot/cublaslt_block_scaled.cc, CheckBlockScaledMatmul) refuses any other M.
 FP8_BLOCK_ROW_MULTIPLE = 16
+# A per-tensor (SCALAR_32F) scale occupies a slot of this many float32s per batch entry, its value
+# first: the handler hands cuBLASLt batch i's scale at byte offset 16 * i. Packed one float per batch,
+# every odd batch's scale pointer was only 4- or 8-byte aligned, and cuBLASLt's FP8 matmul returned
+# CUBLAS_STATUS_NOT_SUPPORTED for a batched per-tensor dot on the H200 (docs/design.md, issue 33);
+# every other scale layout's per-batch size is already a multiple of 16 bytes. The handler's
+# stand-in scale pointers at trace time are 16-byte aligned: the plan is chosen for the pointers
+# the calls really pass. csrc/dot/cublaslt_block_scaled.h kScalarScaleSlotBytes is the same size.
+SCALAR_SCALE_SLOT = 4
 # cuBLAS's m (our N) in every block-scaling mode: TE checks m % 8 for block-scaled A operands
 # ("(m * CTypeSize) % 16 == 0", the smallest output type being 2 bytes), and the 1x128 rhs's
 # VEC128 scale rows need N % 4. Weights are not padded per call (it would copy them): a gate.
@@ -184,8 +192,9 @@ def _scale_mode(info) -> int:
 
 def _operand(data, scale, info):
     """(data, scale) in the layouts cuBLASLt reads for ``_scale_mode(info)``."""
-    if info.per_tensor:  # (B, 1, 1): one fp32 scale per batch, which is one scale for all
-        return data, scale.reshape(scale.shape[0], 1)
+    if info.per_tensor:  # (B, 1, 1): one fp32 scale per batch, in a 16-byte slot each (SCALAR_SCALE_SLOT)
+        s = scale.reshape(scale.shape[0], 1).astype(jnp.float32)
+        return data, jnp.pad(s, ((0, 0), (0, SCALAR_SCALE_SLOT - 1)))
     if info.family == "nvfp4":  # VEC16_UE4M3: unsigned scales
         data, scale = _dot.fold_scale_signs(data, scale)
         return _dot.pack_fp4(data), jax.lax.bitcast_convert_type(_tile_128x4(scale), jnp.uint8)
@@ -237,6 +246,18 @@ def impl(lhs, rhs, p, sel):
     return _dot.from_canonical(out[:, :m], p)
 
 
+def feature(p) -> str:
+    """What of cuBLASLt a problem runs, as the GPU tests name it (``verifies(..., feature=)``): auto
+    needs that feature verified on the GPU (docs/design.md, "Speed-aware auto and per-feature
+    verification"). A batched per-tensor dot is its own: the first H200 run failed it alone."""
+    fam = p.lhs_format.family
+    if fam == "fp8_tensor":
+        return "per_tensor_batched" if p.bmnk[0] > 1 else "per_tensor"
+    if fam == "mx":
+        return "mxfp4" if _dot.mx_fp4_operand(p) else "mxfp8"
+    return {"fp8_block": "fp8_blockwise"}.get(fam, fam)
+
+
 # Backend ``cublaslt`` of ``block_scaled_dot``: dot/block_scaled_dot.py registers it with ``impl``.
 _GATES_NEEDED = ("cuda_extension", "cuda_device", "cuda_driver", "fp8_tensor_cores", "cublaslt_dot_built",
                  "cublaslt_fp8")
@@ -246,4 +267,4 @@ BACKEND = backends.Backend(
     takes="N with 16-byte output rows, K > 0; FP8_TENSOR (K, N % 16 == 0); "
           "N % 8 in every block-scaling mode; on Hopper with cuBLAS >= 12.9 FP8_1x128 x FP8_128x128 or "
           "FP8_1x128 (K % 128 == 0; bfloat16 / float32 output); on Blackwell with cuBLAS >= 12.8.4 MXFP8 / NVFP4 (K % 32 == 0); never E5M2 x E5M2; "
-          "when the heuristic finds an algorithm on every local GPU at trace time")
+          "when the heuristic finds an algorithm on every local GPU at trace time", feature=feature)

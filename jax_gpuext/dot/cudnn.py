@@ -143,6 +143,12 @@ def impl(lhs, rhs, p, sel):
     return _dot.from_canonical(out, p)
 
 
+def feature(p) -> str | None:
+    """The GPU tests' feature of a problem (``verifies(..., feature=)``): mxfp8 or nvfp4; None for
+    formats it does not take."""
+    return {"mx": "mxfp8", "nvfp4": "nvfp4"}.get(p.lhs_format.family)
+
+
 # Backend ``cudnn`` of ``block_scaled_dot``: dot/block_scaled_dot.py registers it with ``impl``.
 BACKEND = backends.Backend(
     "cudnn", ("cuda",),
@@ -150,4 +156,4 @@ BACKEND = backends.Backend(
      "cudnn_frontend_cudart"),
     "cuDNN graph: block_scale_dequantize x2 + matmul (Blackwell MXFP8/NVFP4)", supports,
     takes="MXFP8 (not E5M2 x E5M2) and NVFP4 with K % 128 == 0, when cuDNN builds the graph on every "
-          "local GPU at trace time")
+          "local GPU at trace time", feature=feature)

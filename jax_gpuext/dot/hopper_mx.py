@@ -288,9 +288,18 @@ def autotune(b, m, n, k, a_dtype=_E4M3, b_dtype=_E4M3, out_dtype=jnp.bfloat16, *
 
 
 # --------------------------------------------------------------------------- registration
+def feature(p) -> str | None:
+    """The GPU tests' feature of a problem (``verifies(..., feature=)``): mxfp8, mxfp4 (an E2M1
+    operand, widened in the kernel) or nvfp4; None for formats it does not take."""
+    if p.lhs_format.family == "mx":
+        return "mxfp4" if _dot.mx_fp4_operand(p) else "mxfp8"
+    return "nvfp4" if p.lhs_format.family == "nvfp4" else None
+
+
 # Backend ``hopper_mx`` of ``block_scaled_dot``: dot/block_scaled_dot.py registers it with ``impl``.
 BACKEND = backends.Backend(
     "hopper_mx", ("cuda",), ("cuda_extension", "cuda_device", "cuda_driver", "hopper"),
     "our sm_90a kernel: FP8 wgmma with per-32 block scales applied to fp32 partials "
     "(MXFP8; MXFP4 and NVFP4 widened to E4M3)", supports,
-    takes="MXFP8 / MXFP4 in any pairing, or NVFP4 x NVFP4, any M, N, 0 < K < 2^31, batch <= 65535; _cuda built for 90a")
+    takes="MXFP8 / MXFP4 in any pairing, or NVFP4 x NVFP4, any M, N, 0 < K < 2^31, batch <= 65535; _cuda built for 90a",
+    feature=feature)

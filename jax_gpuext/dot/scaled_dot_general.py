@@ -50,19 +50,37 @@ class _Recipe:
     rhs_bwd: Any
 
 
-def recipe(format=None, grad_format=None) -> _Recipe:
-    """The five formats of a training step: forward lhs/rhs, cotangent, backward lhs/rhs residuals."""
-    lf, rf = _as_pair(formats.MXFP8_E4M3 if format is None else format, "scaled_dot_general")
+def _named_format(fmt, what: str, role: str):
+    """A BlockFormat, or its name as ``quantize`` takes it (``jax_gpuext.formats.FORMATS``)."""
+    if isinstance(fmt, str):
+        if fmt not in formats.FORMATS:
+            raise ValueError(f"{what}: unknown {role} {fmt!r}; known formats: {sorted(formats.FORMATS)}")
+        return formats.FORMATS[fmt]
+    if not isinstance(fmt, formats.BlockFormat):
+        raise TypeError(f"{what}: {role} must be a jax_gpuext.BlockFormat or its name (one of "
+                        f"{sorted(formats.FORMATS)}), got {type(fmt).__name__} {fmt!r}")
+    return fmt
+
+
+def recipe(format=None, grad_format=None, what: str = "scaled_dot_general") -> _Recipe:
+    """The five formats of a training step: forward lhs/rhs, cotangent, backward lhs/rhs residuals.
+
+    Formats may be given by name, alone or in pairs (as ``quantize`` takes them); the recipe holds
+    the BlockFormats, so a name and its format give the same recipe. ``what`` names the public
+    function in errors (``scaled_ragged_dot`` uses this recipe too)."""
+    lf, rf = _as_pair(formats.MXFP8_E4M3 if format is None else format, what)
+    lf, rf = _named_format(lf, what, "format"), _named_format(rf, what, "format")
     li, ri = format_info(lf), format_info(rf)
     if li.family != ri.family:
-        raise ValueError(f"scaled_dot_general: formats {li.name} and {ri.name} cannot be mixed")
+        raise ValueError(f"{what}: formats {li.name} and {ri.name} cannot be mixed")
     if li.two_d:
-        raise ValueError("scaled_dot_general: FP8_128x128 is a weight (rhs) format; use "
+        raise ValueError(f"{what}: FP8_128x128 is a weight (rhs) format; use "
                          "format=(FP8_1x128, FP8_128x128) for the DeepSeek-V3 recipe")
-    g = getattr(formats, _DEFAULT_GRAD[li.name]) if grad_format is None else grad_format
+    g = getattr(formats, _DEFAULT_GRAD[li.name]) if grad_format is None else \
+        _named_format(grad_format, what, "grad_format")
     gi = format_info(g)
     if gi.two_d:
-        raise ValueError("scaled_dot_general: grad_format cannot be FP8_128x128 (the cotangent is the lhs "
+        raise ValueError(f"{what}: grad_format cannot be FP8_128x128 (the cotangent is the lhs "
                          "of both backward dots); use FP8_1x128")
     same = li.family == gi.family
     lb = lf if same else getattr(formats, _FAMILY_E4M3[gi.family])
@@ -110,6 +128,16 @@ def _quantize_along_rows(x, fmt):
     return _quantize(x, fmt, axis=-1 if (f.two_d or f.per_tensor) else -2)
 
 
+def _quantize_both(x, fmt):
+    """(_quantize(x, fmt), _quantize_along_rows(x, fmt)) from one read of x where the two differ
+    (formats.quantize_both_axes, issue 35: the same bits as the two calls)."""
+    f = format_info(fmt)
+    if f.two_d or f.per_tensor:
+        q = _quantize(x, fmt)
+        return q, q
+    return formats.quantize_both_axes(x.astype(jnp.float32) if x.dtype == jnp.float64 else x, fmt)
+
+
 def _grad_dtype(x):
     """The dtype a gradient dot returns: the operand's own (float64 ones come back from float32)."""
     return x.dtype if x.dtype in _OUT_DTYPES else jnp.dtype(jnp.float32)
@@ -122,7 +150,9 @@ def _scaled_bwd(rec, out_dtype, backend, res, g):
     # The gradient dots return the operands' dtype (float32 accumulation, one rounding), not a
     # float32 result converted afterwards, which on a GPU is one more write and read of it.
     # dA[b,m,k] = sum_n g[b,m,n] b[b,k,n]: contract N, the last axis of both.
-    da = block_scaled_dot(_quantize(g, rec.grad), _quantize(b, rec.rhs_bwd),
+    # g is quantized along N (dA) and along M (dB): both from one read of g.
+    qg, qg_rows = _quantize_both(g, rec.grad)
+    da = block_scaled_dot(qg, _quantize(b, rec.rhs_bwd),
                           (((2,), (2,)), ((0,), (0,))), preferred_element_type=_grad_dtype(a), backend=backend)
     # dB[b,k,n] = sum_m a[b,m,k] g[b,m,n]: contract M, so a and g are quantized along M. On CPU, a
     # transposed copy of a quantized along its last axis (the same blocks): a dot whose lhs
@@ -134,7 +164,7 @@ def _scaled_bwd(rec, out_dtype, backend, res, g):
         qa, lhs_dims = _quantize_along_rows(a, rec.lhs_bwd), (1,)
     else:
         qa, lhs_dims = _quantize(jnp.swapaxes(a, 1, 2), rec.lhs_bwd), (2,)
-    db = block_scaled_dot(qa, _quantize_along_rows(g, rec.grad), ((lhs_dims, (1,)), ((0,), (0,))),
+    db = block_scaled_dot(qa, qg_rows, ((lhs_dims, (1,)), ((0,), (0,))),
                           preferred_element_type=_grad_dtype(b), backend=backend)
     return da.astype(a.dtype), db.astype(b.dtype)
 
@@ -216,7 +246,7 @@ def demo_steps():
         y = f(qx, qw)
         err = float(jnp.max(jnp.abs(y - x @ w.T)) / jnp.max(jnp.abs(x @ w.T)))
         print(f"MXFP8 (64x256) . (128x256)^T: max error / max |x w^T| = {err:.3g}")
-        print(explain(f, qx, qw))
+        print(explain(f, qx, qw).table())
 
     def train_step():
         k1, k2 = jax.random.split(jax.random.key(1))
@@ -230,6 +260,6 @@ def demo_steps():
         step = jax.jit(lambda w: w - 0.1 * jax.grad(loss)(w))
         w1 = step(w)
         print(f"one MXFP8 SGD step: loss {float(loss(w)):.4f} -> {float(loss(w1)):.4f}")
-        print(explain(jax.grad(loss), w))
+        print(explain(jax.grad(loss), w).table())
 
     return [("block_scaled_dot (MXFP8)", dot_step), ("scaled_dot_general training step", train_step)]

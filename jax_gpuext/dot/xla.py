@@ -11,18 +11,27 @@ about twice as fast there as the f32 reference, and slower than it on a CPU with
   result comes straight out of the dot (docs/design.md "The dot's default on GPU"). Every
   element x block scale is then exactly a bfloat16 value except when an E8M0 block scale is
   below 2^(-133 - log2(smallest subnormal of the element type)): 2^-124 for E4M3, 2^-117 for E5M2
-  (docs/formats.md, "Exactness of the bf16 dequantization"). Where the formats alone prove it
-  (E2M1 elements, E4M3 scales: NVFP4), the bf16 path is taken outright; otherwise the smallest
-  block scale of each operand decides at run time, by ``lax.cond`` (only the branch taken runs;
-  no ``where`` computing both), between the bf16 dot and the f32 one. NVFP4's global scales
-  multiply the float32 accumulator, as in the reference.
+  (docs/formats.md, "Exactness of the bf16 dequantization"). NVFP4 (E2M1 elements, E4M3 scales)
+  takes the bf16 path outright: the formats alone prove it exact. MX takes it where
+  ``scale_range.in_window`` holds (every element x scale and every product a *normal* number,
+  which XLA:CPU's flushing of subnormals requires beyond bf16 exactness, and no overflow), by
+  ``lax.cond`` on the scales (only the branch taken runs); else ``scale_range.wide``, the same bf16
+  dot over exponent classes of the scales combined by exponent arithmetic (docs/design.md, "The
+  smallest and largest MX scales"). NVFP4's global scales multiply the float32 accumulator, as in
+  the reference (``dot.common.apply_global_scales``).
 - FP8_TENSOR: XLA's own FP8 dot. The operands stay float8, the dot accumulates in float32, and
   the two per-tensor scales multiply the float32 result: the pattern XLA's GEMM rewriter turns
   into one cuBLASLt FP8 matmul with its scales as alpha.
-- FP8 blockwise (1x128, 128x128): the float32 reference (dequantize, ``lax.dot_general`` at
-  HIGHEST precision): its fp32 block scales make element x scale inexact in bfloat16.
+- FP8 blockwise (1x128, 128x128): each operand's element x float32 block scale, computed in
+  float32 and rounded once to bfloat16, and one bf16 XLA dot with float32 accumulation: the same
+  GEMM as MXFP8's. Not exact (a float32 scale has 24 significant bits): each dequantized element
+  is off by at most 2^-9 of itself, so the dot by at most about 2^-8 of sum_k |l_k r_k|, 16 times
+  below FP8 E4M3's own rounding (docs/formats.md, "FP8 blockwise through bf16: the error bound").
+  An exact path in XLA would cost a float32 partial result per K block or a float32 GEMM (0.06x
+  bf16 on an H200): docs/design.md, issue 33. The ``reference`` backend stays exact.
 
-The result equals the reference up to the order of the float32 accumulation.
+MX, NVFP4 and FP8_TENSOR results equal the reference up to the order of the float32
+accumulation; FP8 blockwise within the bound above.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ from jax import lax
 from jax_gpuext.common import backends, cpu_features
 from jax_gpuext.common.gates import GateResult
 from jax_gpuext.dot import common as _dot
+from jax_gpuext.dot import scale_range
 from jax_gpuext.formats.quantize import _broadcast_leading
 
 BF16_MIN_EXPONENT = -133  # the smallest bfloat16 subnormal is 2^-133
@@ -56,7 +66,9 @@ def _significand_bits(dtype) -> int:
 
 def min_exact_scale_exponent(info: _dot.FormatInfo) -> int | None:
     """For an MX operand (E8M0 scales 2^e): the smallest e for which element x 2^e is a bfloat16
-    value for every element (None for formats without E8M0 scales).
+    value for every element (None for formats without E8M0 scales). Representable is not enough for
+    a dot under FTZ (XLA:CPU flushes bf16 / f32 subnormals): the dense MX path uses
+    ``scale_range.in_window`` instead; this bound is kept for the grouped dot until it does too.
 
     x = M * 2^t with |M| < 2^p (p significand bits, at most 4 for FP8 / 2 for FP4, within
     bfloat16's 8) and t >= low(elem); x * 2^e is a bfloat16 value iff its lowest bit t + e is at
@@ -115,32 +127,50 @@ def _direct_out(lhs, rhs, p: _dot.DotProblem):
 
 def _finish(acc, lhs, rhs, p: _dot.DotProblem) -> jax.Array:
     """Global scales (NVFP4) on the float32 accumulator, as the reference does, then the cast."""
-    if lhs.global_scale is None and rhs.global_scale is None:
-        return acc.astype(p.out_dtype)
-    return (acc * (_dot._global(lhs, acc.ndim) * _dot._global(rhs, acc.ndim))).astype(p.out_dtype)
+    return _dot.apply_global_scales(acc, lhs, rhs, p.out_dtype)
 
 
 def _block_dot(lhs, rhs, p: _dot.DotProblem, sel) -> jax.Array:
     out = _direct_out(lhs, rhs, p)
 
-    def bf16_dot(lhs, rhs):
+    def bf16_dot(lhs, rhs, out=out):
         return _dot_general(_dequantized(lhs, p.lhs_format, jnp.bfloat16),
                             _dequantized(rhs, p.rhs_format, jnp.bfloat16), p, out=out)
 
-    def f32_dot(lhs, rhs):
-        return _dot_general(_dequantized(lhs, p.lhs_format, jnp.float32),
-                            _dequantized(rhs, p.rhs_format, jnp.float32), p, lax.Precision.HIGHEST).astype(out)
+    if p.lhs_format.family == "mx":
+        # Exact in bf16 is not enough: XLA:CPU flushes bf16 / f32 subnormals (an element x 2^-127,
+        # or a product below 2^-126), and 448 x 2^127 overflows. Where scale_range's window holds,
+        # every element x scale and product is a normal number and the bf16 dot is exact; else its
+        # exponent classes, each a bf16 dot (docs/design.md, "The smallest and largest MX scales").
+        backends.note(sel, "bf16 dequantize + XLA dot (f32 accumulation) when the E8M0 scales keep every element x "
+                           "scale and product a normal float (scale_range.in_window); else the same dot per class "
+                           "of 64 scale exponents, combined by exponent arithmetic (lax.cond on the scales)")
+        return scale_range.dot(functools.partial(bf16_dot, out=jnp.float32), lhs, rhs, p.bmnk[3], p.out_dtype,
+                               fast=bf16_dot)
 
-    checks = [(q, f) for q, f in ((lhs, p.lhs_format), (rhs, p.rhs_format)) if not exact_statically(f)]
-    if not checks:
-        backends.note(sel, "bf16 dequantize + XLA dot (f32 accumulation): element x scale is exact in bf16 "
-                           "for these formats")
-        return _finish(bf16_dot(lhs, rhs), lhs, rhs, p)
-    backends.note(sel, "bf16 dequantize + XLA dot (f32 accumulation) when every E8M0 scale is >= 2^"
-                       f"{max(min_exact_scale_exponent(f) for _, f in checks)} (element x scale exact in bf16); "
-                       "else the f32 dot (lax.cond on the scales)")
-    ok = functools.reduce(jnp.logical_and, [scales_exact(q, f) for q, f in checks])
-    return _finish(lax.cond(ok, bf16_dot, f32_dot, lhs, rhs), lhs, rhs, p)
+    # NVFP4: E2M1 x E4M3 products are normal bfloat16 values whatever the scales (exact_statically;
+    # the smallest, 0.5 x 2^-9, is far from bf16's subnormals)
+    backends.note(sel, "bf16 dequantize + XLA dot (f32 accumulation): element x scale is exact in bf16 "
+                       "for these formats")
+    return _finish(bf16_dot(lhs, rhs), lhs, rhs, p)
+
+
+def _rounded_to_bf16(q, info: _dot.FormatInfo) -> jax.Array:
+    """Element x float32 block scale in float32 (one rounding, as the reference computes it), then
+    rounded once more to bfloat16: within 2^-9 + 2^-24 of element x scale (relative; below 2^-126
+    an absolute error, docs/formats.md "FP8 blockwise through bf16"). XLA fuses both into one
+    pass writing bfloat16 (the float32 product never reaches memory). Rounding the scale to bf16
+    first and multiplying in bf16 (the MX pattern) would round twice in bf16: twice this error for
+    no fewer bytes."""
+    return (q.data.astype(jnp.float32) * _dot._expanded_scale(q, info, jnp.float32)).astype(jnp.bfloat16)
+
+
+def _fp8_block_dot(lhs, rhs, p: _dot.DotProblem, sel) -> jax.Array:
+    backends.note(sel, "FP8 blockwise: element x fp32 scale rounded to bf16 + XLA bf16 dot (f32 accumulation); "
+                       "within about 2^-8 * sum|l r| of the exact dot (docs/formats.md); the reference is exact")
+    out = _direct_out(lhs, rhs, p)
+    acc = _dot_general(_rounded_to_bf16(lhs, p.lhs_format), _rounded_to_bf16(rhs, p.rhs_format), p, out=out)
+    return acc.astype(p.out_dtype)
 
 
 def _per_tensor_dot(lhs, rhs, p: _dot.DotProblem, sel) -> jax.Array:
@@ -157,8 +187,7 @@ def impl(lhs, rhs, p: _dot.DotProblem, sel) -> jax.Array:
     if family == "fp8_tensor":
         return _per_tensor_dot(lhs, rhs, p, sel)
     if family == "fp8_block":
-        backends.note(sel, "FP8 blockwise: the f32 reference (fp32 block scales are not exact in bf16)")
-        return _dot._reference(lhs, rhs, p)
+        return _fp8_block_dot(lhs, rhs, p, sel)
     return _block_dot(lhs, rhs, p, sel)
 
 
@@ -167,13 +196,14 @@ def _prefers(p) -> GateResult:
     (benchmarks/bench_cpu.py prints both; docs/design.md "CPU speed"): MX and NVFP4 on a CPU with
     bf16 dot-product instructions, where XLA:CPU's bf16 dot with f32 accumulation runs at about
     twice the f32 dot's speed. Without them it was no faster (Zen 3: MXFP8 0.9-1.1x, NVFP4
-    1.2-2.1x the reference's time), so the reference is taken. FP8_TENSOR's FP8 dot was slower than the reference and FP8 blockwise is
-    the reference, so both stay on it."""
+    1.2-2.1x the reference's time), so the reference is taken. FP8_TENSOR's FP8 dot was slower than
+    the reference, so it stays on it; so does FP8 blockwise, which this path rounds to bf16 for
+    the GPU's sake (issue 33) where the CPU can keep the exact reference."""
     if backends.current_platform() != "cpu":
         return GateResult(True, "")
     if p.lhs_format.family in ("fp8_tensor", "fp8_block"):
-        return GateResult(False, "on CPU the float32 reference is taken for FP8_TENSOR / FP8 blockwise (measured "
-                                 "no slower); name backend='xla' to run it")
+        return GateResult(False, "on CPU the float32 reference is taken for FP8_TENSOR (measured no slower) and FP8 "
+                                 "blockwise (exact; this path rounds its operands to bf16); name backend='xla' to run it")
     if not cpu_features.has_bf16_dot_instructions():
         return GateResult(False, "on a CPU without bf16 dot instructions (avx512_bf16 / amx_bf16 / Arm bf16) XLA's "
                                  "bf16 dot is no faster than the float32 reference (measured at 2048^3: MXFP8 0.9-1.1x, NVFP4 1.2-2.1x its time); "
@@ -185,6 +215,6 @@ def _prefers(p) -> GateResult:
 BACKEND = backends.Backend(
     "xla", ("cuda", "cpu"), (),
     "XLA only: MX / NVFP4 dequantized to bf16 + XLA dot with f32 accumulation (f32 where bf16 is not "
-    "exact); FP8_TENSOR through XLA's FP8 dot; FP8 blockwise on the f32 reference",
+    "exact); FP8_TENSOR through XLA's FP8 dot; FP8 blockwise rounded to bf16 (within 2^-8 of sum |l r|)",
     takes="every format pair of one family, any shape; auto on CPU: MX and NVFP4 where the CPU has bf16 dot "
           "instructions", prefers=_prefers)

@@ -28,6 +28,7 @@ from jax_gpuext.formats.quantize import (
     MXFP8_E4M3,
     MXFP8_E5M2,
     NVFP4,
+    QUANTIZE_BOTH_TARGET,
     QUANTIZE_OP,
     QUANTIZE_TARGET,
     SCALE_ROUNDINGS,
@@ -41,6 +42,7 @@ from jax_gpuext.formats.quantize import (
     float_dtype,
     from_blackwell_scale_layout,
     quantize,
+    quantize_both_axes,
     scale_shape,
     to_blackwell_scale_layout,
 )

@@ -31,6 +31,8 @@ QUANTIZE_OP = "quantize"
 DEQUANTIZE_OP = "dequantize"
 QUANTIZE_TARGET = _ext.declare_target("gpuext_quantize", "quantize")
 DEQUANTIZE_TARGET = _ext.declare_target("gpuext_dequantize", "dequantize")
+# quantize_both_axes on CUDA: one kernel, x read once, both axes written (ffi/cuda/formats.cc).
+QUANTIZE_BOTH_TARGET = _ext.declare_target("gpuext_quantize_both_axes", "quantize")
 INPUT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 SCALE_ROUNDINGS = ("up", "nearest", "ocp")
 
@@ -345,10 +347,16 @@ def _note_fp4_layout(sel, fmt) -> None:
         backends.note(sel, FP4_PACKED.layout(sel.chosen).describe())
 
 
+def _format_feature(problem) -> str:
+    """The GPU tests' feature of a (format, shape, dtype) problem: the format's name
+    (``verifies("formats.cuda", feature=...)``); auto needs that format verified."""
+    return problem[0].name
+
+
 backends.register(QUANTIZE_OP, backends.Backend(
     "cuda", ("cuda",), ("cuda_extension", "cuda_device"),
     "CUDA kernels (gpuext_quantize): one pass for block formats, amax + rounding for FP8_TENSOR",
-    _handler_supports("cuda")))
+    _handler_supports("cuda"), feature=_format_feature))
 # CPU order = a recorded measurement, not an assumption: benchmarks/bench_cpu.py times both exact
 # paths in one process and prints which is faster (docs/design.md "CPU speed (issue 18)").
 _CPU_MEASURED = ("measured faster than the xla backend and the jnp reference for every format (vectorised, "
@@ -365,7 +373,8 @@ backends.register(QUANTIZE_OP, backends.Backend(
     "reference", ("cpu", "cuda"), (), "pure-jnp reference on bit patterns"))
 backends.register(DEQUANTIZE_OP, backends.Backend(
     "cuda", ("cuda",), ("cuda_extension", "cuda_device"),
-    "CUDA kernel (gpuext_dequantize), 8 elements per thread where rows allow", _handler_supports("cuda")))
+    "CUDA kernel (gpuext_dequantize), 8 elements per thread where rows allow", _handler_supports("cuda"),
+    feature=_format_feature))
 backends.register(DEQUANTIZE_OP, backends.Backend(
     "cpu", ("cpu",), ("cpu_extension",), f"C++ CPU handler (gpuext_dequantize), {_CPU_MEASURED}",
     _handler_supports("cpu")))
@@ -428,18 +437,78 @@ def quantize(x, fmt, *, axis: int = -1, scale_rounding: str | None = None, globa
         g = ref.nvfp4_global_scale(x)
 
     def run(x, *gs):
-        g = gs[0] if gs else None
-        if x.size == 0 and not fmt.per_tensor and sel.chosen in ("reference", "xla"):
-            return _quantize_empty(x, fmt, ax)
-        if sel.chosen == "reference":
-            return _quantize_reference(x, fmt, ax, scale_rounding, g)
-        if sel.chosen == "xla":
-            return formats_xla.quantize(x, fmt, ax, scale_rounding, g)
-        return _quantize_ffi(x, fmt, ax, scale_rounding, g, sel.chosen)
+        return _quantize_on(sel.chosen, x, fmt, ax, scale_rounding, gs[0] if gs else None)
 
     # One derivative rule for every backend, above the backend choice (docs/formats.md, "Gradients").
     data, scale = _refuse_derivatives(run)(x, *(() if g is None else (g,)))
     return BlockScaledArray(data, scale, g, fmt, ax)
+
+
+def _quantize_on(chosen: str, x, fmt: BlockFormat, ax: int, scale_rounding: str, g):
+    """(data, scale) of x along ax on the chosen backend."""
+    if x.size == 0 and not fmt.per_tensor and chosen in ("reference", "xla"):
+        return _quantize_empty(x, fmt, ax)
+    if chosen == "reference":
+        return _quantize_reference(x, fmt, ax, scale_rounding, g)
+    if chosen == "xla":
+        return formats_xla.quantize(x, fmt, ax, scale_rounding, g)
+    return _quantize_ffi(x, fmt, ax, scale_rounding, g, chosen)
+
+
+def quantize_both_axes(x, fmt, *, scale_rounding: str | None = None, global_scale=None,
+                       backend: str = "auto") -> tuple[BlockScaledArray, BlockScaledArray]:
+    """``(quantize(x, fmt, axis=-1), quantize(x, fmt, axis=-2))`` from one read of x where it can.
+
+    Both results are bit for bit the two ``quantize`` calls with the same keywords, on every backend
+    (``scale_rounding``, ``global_scale`` and ``backend`` as for :func:`quantize`; NVFP4's default
+    global scale is computed once and shared). A training step needs both: a GEMM's operand is
+    quantized along its contracting axis, and the backward GEMMs contract the other one (the
+    transposed layout, in place). The ``cuda`` backend runs one fused kernel that reads x once and
+    writes both copies and both scale arrays (docs/design.md, "Quantize at memory speed on
+    Hopper"); the other backends run the two quantizations. x needs rank >= 2. FP8_TENSOR's one
+    scale does not depend on the axis: one quantization serves both (axes -1 and -2 recorded).
+    FP8_128x128 blocks the last two axes and has no axis -2 quantization: it raises as
+    ``quantize(x, FP8_128x128, axis=-2)`` does (its tiles serve both GEMM directions as they are).
+    """
+    what = "quantize_both_axes"
+    fmt = _check_format(fmt)
+    x = as_array(x, what, "x")
+    if x.dtype not in INPUT_DTYPES:
+        raise TypeError(f"{what}: x must be float32, bfloat16 or float16, got {x.dtype} (shape {x.shape})")
+    if x.ndim < 2:
+        raise ValueError(f"{what}: x needs rank >= 2 (it is quantized along axes -1 and -2), got shape {x.shape}")
+    ax_last = _normalize_axis(-1, x.ndim, fmt, x.shape)
+    ax_second = _normalize_axis(-2, x.ndim, fmt, x.shape)  # FP8_128x128 raises here, as quantize does
+    scale_rounding = _check_scale_rounding(scale_rounding, fmt)
+    g = _check_global_scale(global_scale, fmt)
+    sel = backends.select(QUANTIZE_OP, backend, problem=(fmt, x.shape, x.dtype))
+    _note_fp4_layout(sel, fmt)
+    if fmt.has_global_scale and g is None:
+        g = ref.nvfp4_global_scale(x)
+
+    def run(x, *gs):
+        g = gs[0] if gs else None
+        if fmt.per_tensor:
+            data, scale = _quantize_on(sel.chosen, x, fmt, ax_last, scale_rounding, g)
+            return data, scale, data, scale
+        if sel.chosen == "cuda":
+            return _quantize_both_ffi(x, fmt, scale_rounding, g)
+        return (*_quantize_on(sel.chosen, x, fmt, ax_last, scale_rounding, g),
+                *_quantize_on(sel.chosen, x, fmt, ax_second, scale_rounding, g))
+
+    d_last, s_last, d_second, s_second = _refuse_derivatives(run)(x, *(() if g is None else (g,)))
+    return (BlockScaledArray(d_last, s_last, g, fmt, ax_last),
+            BlockScaledArray(d_second, s_second, g, fmt, ax_second))
+
+
+def _quantize_both_ffi(x, fmt: BlockFormat, rounding: str, g):
+    out = (jax.ShapeDtypeStruct(x.shape, fmt.elem_dtype),
+           jax.ShapeDtypeStruct(scale_shape(x.shape, fmt, -1), fmt.scale_dtype),
+           jax.ShapeDtypeStruct(x.shape, fmt.elem_dtype),
+           jax.ShapeDtypeStruct(scale_shape(x.shape, fmt, -2), fmt.scale_dtype))
+    return _ffi.ffi_call(QUANTIZE_BOTH_TARGET, out, x, _ffi_global_scale(g), vmap_method="broadcast_all",
+                         format=np.int32(fmt.code), scale_rounding=np.int32(_ROUNDING_CODES[rounding]),
+                         fp4_packed=_fp4_packed("cuda", fmt))
 
 
 # --------------------------------------------------------------------------- gradients
@@ -740,7 +809,7 @@ def demo_steps():
             q = quantize(x, fmt)
             print(f"{fmt.name}: data {q.data.dtype}{list(q.data.shape)}, scale {q.scale.dtype}"
                   f"{list(q.scale.shape)}; max |err| {float(err.max()):.4g}, relative L2 error {rel:.3e}")
-            print(explain(lambda v: quantize(v, fmt).dequantize(), x))
+            print(explain(lambda v: quantize(v, fmt).dequantize(), x).table())
         return run
 
     return [(f"formats: quantize / dequantize {f.name}", step(f)) for f in FORMATS.values()]

@@ -17,6 +17,12 @@ Decisions (docs/design.md, "Memory spaces"):
   rule per platform), never from the host's default backend: lowering ahead of time for CUDA
   on a CPU-only machine carries it; the CPU lowering never does (XLA:CPU has no such spaces),
   and there ``strict=True`` raises.
+- TEMP (space 2) runs only where JAX's GPU client has an allocator for it: XLA adds one only when
+  the process starts with ``XLA_FLAGS=--xla_gpu_temp_buffer_use_separate_color=true``; elsewhere
+  the compiled program fails at every run ("No allocator found in MultiDeviceAdapter ... memory
+  space 2", issue 33). Gate ``gpu_temp_memory_space`` asks the client itself (a probe program),
+  at trace time on a CUDA machine: closed, ``strict=True`` raises and otherwise the TEMP requests
+  are dropped loudly, like a closed jaxlib gate.
 - openxla/xla#47461: dynamic-slice fusion wraps a custom call whose operand is a slice (or
   whose result feeds a dynamic-update-slice) into a fusion, and the colouring is lost. The CUDA
   lowering therefore puts every operand and result of an annotated call behind its own
@@ -41,6 +47,10 @@ from jax_gpuext.common.errors import UnsupportedError, require_bool
 logger = logging.getLogger("jax_gpuext")
 
 GATE = "jaxlib_custom_call_memory_spaces"
+# XLA:GPU compiles a buffer into space 2 (TEMP) whatever the client can allocate; the client has an
+# allocator for it only when started with --xla_gpu_temp_buffer_use_separate_color=true (issue 33).
+TEMP_GATE = "gpu_temp_memory_space"
+TEMP_FLAG = "--xla_gpu_temp_buffer_use_separate_color=true"
 OPERANDS_ATTR = "operands_memory_spaces"
 RESULTS_ATTR = "results_memory_spaces"
 SHIELD_ENV = "JAX_GPUEXT_MEMORY_SHIELD"
@@ -188,6 +198,82 @@ def _gate_allows(op: str, operand_spaces, result_spaces, strict: bool, selection
     if selection is not None:
         backends.note(selection, msg)
     return False
+
+
+def _temp_refusal() -> str | None:
+    """Why this process's GPU client cannot run a buffer in TEMP memory, or None: it can, or this
+    process has no GPU client to ask (lowering ahead of time, or explain(platform="cuda"), on a
+    host without a GPU keeps the request: the machine that runs it is not known here)."""
+    if not gates.check("cuda_device").supported:
+        return None
+    r = gates.check(TEMP_GATE)
+    return None if r.supported else f"gate {TEMP_GATE}: {r.reason}"
+
+
+def _temp_allowed(op: str, operand_spaces, result_spaces, strict: bool, selection):
+    """Trace-time check of TEMP requests against JAX's GPU client (gate ``gpu_temp_memory_space``),
+    where the trace is for CUDA (backends.current_platform()) on a machine with a GPU: that client
+    runs the program. Closed: strict raises UnsupportedError; otherwise the TEMP entries are
+    dropped (the others stay) with a warning and an explain note; values are unchanged."""
+    temp = int(MemorySpace.TEMP)
+    if not any(sp == temp for _, sp in (*operand_spaces, *result_spaces)) or backends.current_platform() != "cuda":
+        return operand_spaces, result_spaces
+    why = _temp_refusal()
+    if why is None:
+        return operand_spaces, result_spaces
+    desc = _describe(operand_spaces, result_spaces)
+    if strict:
+        raise UnsupportedError(f"{op}: memory-space annotation {desc} asks for TEMP memory, which this GPU "
+                               f"client cannot allocate", gate=TEMP_GATE, reason=why)
+    msg = f"TEMP requests of {desc} dropped (the program would fail at run time): {why}"
+    _warn_once((op, "temp", desc), f"{op}: {msg}")
+    if selection is not None:
+        backends.note(selection, msg)
+    keep = lambda spaces: tuple((i, sp) for i, sp in spaces if sp != temp)  # noqa: E731
+    return keep(operand_spaces), keep(result_spaces)
+
+
+def allowed_spaces(op: str, operand_spaces, result_spaces, strict: bool, selection=None):
+    """The (operand, result) space requests, as ``((index, int space), ...)`` without DEVICE, that
+    this trace may put on a custom call: both trace-time gates applied (``_gate_allows``: all or
+    nothing; ``_temp_allowed``: TEMP entries)."""
+    if not _gate_allows(op, operand_spaces, result_spaces, strict, selection):
+        return (), ()
+    return _temp_allowed(op, operand_spaces, result_spaces, strict, selection)
+
+
+def probe_space(space) -> str | None:
+    """Compiles and runs a copy into ``space`` (gpuext_place) on the first CUDA device, now, even
+    while another function is being traced. None when it ran and copied exactly, else why not
+    (the error's text: XLA reports a space without an allocator only when the program runs).
+    DEVICE copies without an annotation (a check of the probe itself)."""
+    import jax
+
+    space = MemorySpace.parse(space)
+    try:
+        dev = jax.devices("cuda")[0]
+    except RuntimeError as e:  # no CUDA client in this process (a simulated GPU, or lowering only)
+        return f"{type(e).__name__}: {e}"
+    x = np.arange(64, dtype=np.float32)
+    avals = ((x.shape, x.dtype),)
+    _ext.ensure_all_registered()
+
+    requested = () if space == MemorySpace.DEVICE else ((0, int(space)),)  # DEVICE: a plain copy
+
+    def copy(v):  # the primitive itself: ffi_call would consult the gate that is asking
+        return _primitive().bind(v, target=PLACE_TARGET, result_avals=avals, operand_spaces=(),
+                                 result_spaces=requested, aliases=(), has_side_effect=False,
+                                 strict=True, attributes=(), vmap_method="broadcast_all",
+                                 op=f"probe of {space.name} memory")[0]
+
+    try:
+        with jax.ensure_compile_time_eval():
+            sharding = jax.sharding.SingleDeviceSharding(dev)
+            compiled = jax.jit(copy).lower(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)).compile()
+            y = np.asarray(compiled(jax.device_put(x, dev)))
+    except Exception as e:  # noqa: BLE001 - the reason is the answer
+        return f"{type(e).__name__}: {e}"
+    return None if np.array_equal(y, x) else f"the copy into {space.name} memory returned other values"
 
 
 # --------------------------------------------------------------------------- primitive
@@ -343,7 +429,8 @@ def ffi_call(
       pair is one buffer: a space requested on one side applies to both, different spaces on
       the two sides raise ValueError.
     - ``strict``: raise UnsupportedError instead of warning when the annotation cannot be
-      honoured (jaxlib below the gate at trace time; a non-CUDA platform at lowering time).
+      honoured (jaxlib below the gate at trace time; TEMP on a GPU client without an allocator
+      for it, gate ``gpu_temp_memory_space``, at trace time; a non-CUDA platform at lowering time).
     - ``selection``: the caller's ``backends.select`` result; decisions about the annotation
       are attached to it as notes, so ``explain`` shows them. ``caller`` names the op in
       messages (default: the selection's op, else ``target``).
@@ -380,10 +467,8 @@ def ffi_call(
                              f"result {j} {np.dtype(results[j].dtype)}{list(results[j].shape)}")
         aliases[int(i)] = int(j)
     _reconcile_aliases(ops, res, aliases, op)
-    op_spaces, res_spaces = _drop_default(ops), _drop_default(res)
-    if not _gate_allows(op, op_spaces, res_spaces, strict, selection):
-        op_spaces, res_spaces = (), ()
-    elif (op_spaces or res_spaces) and selection is not None and selection.platform != "cuda":
+    op_spaces, res_spaces = allowed_spaces(op, _drop_default(ops), _drop_default(res), strict, selection)
+    if (op_spaces or res_spaces) and selection is not None and selection.platform != "cuda":
         backends.note(selection, f"{_describe(op_spaces, res_spaces)} is carried only by the CUDA "
                                  f"lowering; the {selection.platform} lowering omits it"
                                  + (" (strict: lowering raises)" if strict else ""))
@@ -414,6 +499,9 @@ def _is_host(space) -> gates.GateResult:
 
 def _is_custom_call_space(space) -> gates.GateResult:
     ok = space in (MemorySpace.COLLECTIVE, MemorySpace.TEMP)
+    why = _temp_refusal() if ok and space == MemorySpace.TEMP else None  # (this backend runs on cuda only)
+    if why is not None:
+        return gates.GateResult(False, why)
     return gates.GateResult(ok, f"{space.name} {'is' if ok else 'is not'} a custom-call memory space")
 
 
@@ -526,8 +614,12 @@ def _demo_place():
     text = f.trace(x).lower(lowering_platforms=("cuda",)).as_text()
     line = next(l.strip() for l in text.splitlines() if PLACE_TARGET in l)
     print("CUDA lowering (ahead of time):", line[:160] + ("..." if len(line) > 160 else ""))
-    print(explain(lambda x: place(x * 2, MemorySpace.COLLECTIVE), x))
+    print(explain(lambda x: place(x * 2, MemorySpace.COLLECTIVE), x).table())
 
 
 def demo_steps():
     return [("memory spaces: place(x, COLLECTIVE)", _demo_place)]
+
+
+# The gate `gpu_temp_memory_space` (common/gates.py) runs this probe; common/ may not import memory/.
+gates.set_probe("temp_memory_space", lambda: probe_space(MemorySpace.TEMP))

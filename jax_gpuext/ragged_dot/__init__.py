@@ -6,9 +6,11 @@
   ``jax.lax.ragged_dot`` that quantizes inside (forward, dgrad and wgrad all grouped dots).
 - ``quantize_grouped`` / ``dequantize_grouped`` (module ``ragged_dot.grouped``): quantization along
   a ragged axis with blocks restarting at each group, giving a ``GroupedBlockScaledArray``.
+- ``ragged_dot_masked`` (module ``ragged_dot.masked``): the masked layout for decoding (experts x
+  capacity, valid counts on the device), its own op with hopper / xla / reference backends.
 - ``common``: what the op and its backends share (``RaggedProblem``, validation, the device-side
   group arithmetic, ``RAGGED_M`` / ``RAGGED_M_NK`` / ``RAGGED_CONTRACT`` dimension numbers).
-- Backends: ``reference`` (the definition), ``xla`` (XLA's own ragged dot), and on CUDA
+- Backends: ``reference`` (the definition), ``xla`` (128-row tiles as batched XLA dots), and on CUDA
   ``cublaslt`` (cuBLASLt's grouped GEMM) and ``hopper`` (our sm_90a kernel), both reading the
   group sizes on the device, with what they share in ``fp8_cuda.py``.
 
@@ -33,6 +35,7 @@ from jax_gpuext.ragged_dot.common import (
     grouped_block_count,
 )
 from jax_gpuext.ragged_dot.grouped import dequantize_grouped, quantize_grouped
+from jax_gpuext.ragged_dot.masked import ragged_dot_masked
 from jax_gpuext.ragged_dot.ragged_dot import ragged_dot, register_impl
 from jax_gpuext.ragged_dot.scaled_ragged_dot import scaled_ragged_dot
 
@@ -47,6 +50,7 @@ __all__ = [
     "grouped_block_count",
     "quantize_grouped",
     "ragged_dot",
+    "ragged_dot_masked",
     "register_impl",
     "scaled_ragged_dot",
 ]

@@ -125,12 +125,19 @@ def impl(lhs, rhs, group_sizes, p: RaggedProblem, sel=None, *, row_align: int = 
     return out
 
 
+
+def feature(p) -> str | None:
+    """The GPU tests' feature of a problem (``verifies(..., feature=)``): "fp8_blockwise" for the
+    FP8_1x128 activations this backend takes; None for anything else."""
+    return "fp8_blockwise" if p.lhs_format.name == "FP8_1x128" else None
+
+
 BACKEND = backends.Backend(
     "cublaslt", ("cuda",), GATES,
     "cuBLASLt grouped FP8 blockwise GEMM (Hopper), group sizes read on the device", supports,
     takes="ragged_m only; FP8_1x128 lhs x FP8_128x128 / FP8_1x128 rhs; K % 128 == 0, N % 8 == 0; bfloat16 or "
           "float32 output; Hopper with cuBLAS >= 13.4; when the heuristic finds a grouped algorithm on every "
-          "local GPU at trace time")
+          "local GPU at trace time", feature=feature)
 
 
 def register(register_impl) -> None:

@@ -11,8 +11,10 @@ from jax_gpuext.ragged_dot.common import RaggedProblem
 INT32_LIMIT = 2**31
 
 
-def problem_reason(p: RaggedProblem, rhs_formats, out_dtypes, what: str) -> str | None:
-    """Why backend ``what`` cannot take ``p`` (None: it can, as far as shapes and formats go)."""
+def problem_reason(p: RaggedProblem, rhs_formats, out_dtypes, what: str, k_multiple: int = 128) -> str | None:
+    """Why backend ``what`` cannot take ``p`` (None: it can, as far as shapes and formats go).
+    ``k_multiple``: what K must be a multiple of (128: whole scale blocks; 16: TMA's 16-byte row
+    strides, the last K block partial and zero-filled)."""
     if p.mode != "ragged_m":
         return ("the ragged-contracted mode (weight gradient: per-group K) is not wired: each group's K "
                 "would need padding to 128 and its restarting 1x128 scales a per-group layout, copies the xla "
@@ -22,8 +24,9 @@ def problem_reason(p: RaggedProblem, rhs_formats, out_dtypes, what: str) -> str 
         return f"{p.lhs_format.name} x {p.rhs_format.name}: {what} takes FP8_1x128 activations x {names} weights"
     if p.out_dtype not in out_dtypes:
         return f"output dtype {p.out_dtype}: {what} writes {', '.join(str(d) for d in out_dtypes)}"
-    if p.K <= 0 or p.K % 128:
-        return f"K={p.K} is not a positive multiple of 128 (whole 128-wide scale blocks along K)"
+    if p.K <= 0 or p.K % k_multiple:
+        why = "whole 128-wide scale blocks along K" if k_multiple == 128 else "16-byte rows for TMA"
+        return f"K={p.K} is not a positive multiple of {k_multiple} ({why})"
     if p.N % 8:
         return f"N={p.N} is not a multiple of 8 (16-byte output rows; cuBLAS's m in a block-scaling mode)"
     if p.rhs_contract not in (1, 2):

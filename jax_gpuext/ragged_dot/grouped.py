@@ -31,22 +31,36 @@ def _along(mask, axis: int, ndim: int):
 
 
 _FP4 = jnp.dtype(jnp.float4_e2m1fn)
+_BITS = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
 
 
 def _take(x, rows, valid, axis: int):
-    """x's rows ``rows`` along ``axis`` where ``valid``, zero elsewhere.
+    """x's rows ``rows`` along ``axis`` where ``valid`` (None: everywhere), zero elsewhere, bit for bit.
 
-    float4 is moved as float32 (every E2M1 value is exact in float32, both ways) and converted
-    back only after an optimization barrier, so no XLA gather or select ever produces 4-bit
-    elements: jaxlib 0.7's CPU compiler miscompiles such fusions (a jitted ``jnp.take(v,
-    idx).astype(float4_e2m1fn)`` returned with a second output corrupts the heap, without any
-    jax_gpuext code involved; a uint4 carrier fails LLVM verification), newer jaxlibs do not.
-    An elementwise conversion of a materialized float32 array is safe there."""
-    mask = _along(valid, axis, x.ndim)
-    if jnp.dtype(x.dtype) == _FP4:
-        wide = jnp.where(mask, jnp.take(x.astype(jnp.float32), rows, axis=axis), jnp.float32(0))
-        return lax.optimization_barrier(wide).astype(_FP4)
-    return jnp.where(mask, jnp.take(x, rows, axis=axis), jnp.zeros((), x.dtype))
+    The elements move as unsigned integers of their width, xor-ed with a constant on the way:
+    XLA may compute a move of floats, or of their bits converted back to floats, as float
+    arithmetic, which XLA:CPU does with denormals flushed. It did: jax 0.12's eager bfloat16 row
+    gather returned zeros for subnormals (issue 34, finding 3: eager ``quantize_grouped`` lost
+    values that ``quantize`` keeps), and under jit on jax 0.7-0.12 a gather of the bits with
+    ``jnp.take``'s out-of-bounds fill (0xFFFF, a NaN as bfloat16) converted back to bfloat16 in
+    the same fusion flushed them too. The xor leaves no float value to rewrite the move into;
+    ``mode="clip"`` drops the fill (every index here is in range).
+
+    float4 is moved as float32 (every E2M1 value is exact in float32, both ways), itself moved as
+    bits, and converted back only after an optimization barrier, so no XLA gather or select
+    ever produces 4-bit elements: jaxlib 0.7's CPU compiler miscompiles such fusions (a jitted
+    ``jnp.take(v, idx).astype(float4_e2m1fn)`` returned with a second output corrupts the heap,
+    without any jax_gpuext code involved; a uint4 carrier fails LLVM verification), newer
+    jaxlibs do not. An elementwise conversion of a materialized float32 array is safe there."""
+    fp4 = jnp.dtype(x.dtype) == _FP4
+    wide = x.astype(jnp.float32) if fp4 else x
+    carrier = _BITS[jnp.dtype(wide.dtype).itemsize]
+    key = carrier(0x5A)
+    moved = jnp.take(lax.bitcast_convert_type(wide, carrier) ^ key, rows, axis=axis, mode="clip")
+    if valid is not None:
+        moved = jnp.where(_along(valid, axis, x.ndim), moved, key)
+    out = lax.bitcast_convert_type(moved ^ key, wide.dtype)
+    return lax.optimization_barrier(out).astype(_FP4) if fp4 else out
 
 
 def _axis(axis, ndim: int, shape, what: str) -> int:
@@ -80,10 +94,11 @@ def quantize_grouped(x, fmt, group_sizes, *, axis: int = -1, scale_rounding: str
     padded = _take(x, rows, valid, ax)
     # NVFP4's default global scale, amax / (6 * 448), comes out the same from `padded`: it holds
     # every element of x once, plus zeros.
-    q = formats.quantize(padded, fmt, axis=ax, scale_rounding=scale_rounding, global_scale=global_scale,
-                         backend=backend)
+    with common.named_errors(what):  # scale_rounding, global_scale and backend are checked by quantize
+        q = formats.quantize(padded, fmt, axis=ax, scale_rounding=scale_rounding, global_scale=global_scale,
+                             backend=backend)
     block, pos = common.row_blocks(layout)
-    data = _take(q.data, block * b + pos, jnp.ones((m,), bool), ax)
+    data = _take(q.data, block * b + pos, None, ax)
     return common.GroupedBlockScaledArray(data, q.scale, q.global_scale, fmt, ax, g)
 
 
@@ -92,8 +107,9 @@ def dequantize_grouped(q, group_sizes, dtype=jnp.float32, *, backend: str = "aut
     block), rounded once to ``dtype``; ``group_sizes`` must be those it was quantized with."""
     what = "dequantize_grouped"
     if not isinstance(q, common.GroupedBlockScaledArray):
-        raise TypeError(f"{what} expects a GroupedBlockScaledArray (from quantize_grouped), got {type(q).__name__}")
+        raise TypeError(f"{what}: q must be a GroupedBlockScaledArray (from quantize_grouped), got {type(q).__name__}")
     q.check(what)
+    dtype = formats.float_dtype(dtype, formats.INPUT_DTYPES, what, "dtype")
     group_sizes = common.check_group_sizes(group_sizes, what)
     if group_sizes.shape[0] != q.groups:
         raise ValueError(f"{what}: the array was quantized in {q.groups} groups but group_sizes has shape "
@@ -103,7 +119,8 @@ def dequantize_grouped(q, group_sizes, dtype=jnp.float32, *, backend: str = "aut
     layout = common.grouped_layout(group_sizes, m, b)
     rows, valid = common.slot_rows(layout, q.scale.shape[ax])
     padded = _take(q.data, rows, valid, ax)
-    values = formats.dequantize(formats.BlockScaledArray(padded, q.scale, q.global_scale, q.format, ax), dtype,
-                                backend=backend)
+    with common.named_errors(what):  # dtype and backend are checked by dequantize
+        values = formats.dequantize(formats.BlockScaledArray(padded, q.scale, q.global_scale, q.format, ax), dtype,
+                                    backend=backend)
     block, pos = common.row_blocks(layout)
-    return jnp.take(values, block * b + pos, axis=ax)
+    return _take(values, block * b + pos, None, ax)

@@ -15,7 +15,8 @@ Backends, in preference order (``jax_gpuext.explain`` shows which ran and why):
   read on the device.
 - ``hopper`` (``hopper.py``): our sm_90a grouped FP8 blockwise kernel, group sizes read on the
   device.
-- ``xla``: dequantize + XLA's own ``lax.ragged_dot_general`` (``xla.py``).
+- ``xla``: 128-row tiles, each against its own group's dequantized operands, as batched XLA
+  dots (``xla.py``): work bounded by the useful rows plus one tile per group.
 - ``reference``: dequantize to float32 + one float32 dot per group (``reference.py``).
 
 A backend module registers itself through ``register_impl`` (its ``register(register_impl)``);
@@ -31,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_gpuext import formats
-from jax_gpuext.common import backends
+from jax_gpuext.common import backends, eager, export
 from jax_gpuext.ragged_dot import common, cublaslt, hopper, reference, xla
 
 OP = common.OP
@@ -47,11 +48,21 @@ def register_impl(name: str, backend: backends.Backend, impl) -> None:
 def _register_backends() -> None:
     cublaslt.register(register_impl)  # cuBLASLt's grouped FP8 GEMM (Hopper, cuBLAS with grouped GEMM)
     hopper.register(register_impl)  # our sm_90a grouped FP8 blockwise kernel
-    xla.register(register_impl)  # XLA's own ragged dot: what auto runs on a GPU until ours are verified
+    xla.register(register_impl)  # tiled XLA dots: auto's choice on CPU, and on a GPU until ours are verified
     reference.register(register_impl)
 
 
 _register_backends()
+
+
+def _run(statics, sel, lhs, rhs, group_sizes):
+    p, chosen = statics
+    return _IMPLS[chosen](lhs, rhs, group_sizes, p, sel)
+
+
+# Eager calls compile once per problem (common/eager.py; issue 34, finding 4: the reference's
+# fori_loop / lax.map and the xla backend's loops compiled again on every eager call).
+_cached = eager.Cached(_run)
 
 
 def ragged_dot(lhs, rhs, group_sizes, ragged_dot_dimension_numbers=None, *, preferred_element_type=jnp.float32,
@@ -78,4 +89,6 @@ def ragged_dot(lhs, rhs, group_sizes, ragged_dot_dimension_numbers=None, *, pref
     backends.check_requested(OP, backend, what)
     p = common.problem(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, out_dtype, what)
     sel = backends.select(OP, backend, problem=p)
-    return _IMPLS[sel.chosen](lhs, rhs, jnp.asarray(group_sizes), p, sel)
+    out = _cached((p, sel.chosen), sel, lhs, rhs, jnp.asarray(group_sizes))
+    # lowered for another platform than the one traced for: that platform's choice, or a clear refusal
+    return export.mark_choice(out, sel, p) if eager.traced(out) else out

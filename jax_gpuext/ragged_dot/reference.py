@@ -6,7 +6,12 @@ dense float32 dot (``lax.dot``, HIGHEST precision, float32 accumulation) per gro
 
 - ``ragged_m``: out[m, :] = lhs[m, :] @ rhs[g(m)], g(m) the group of row m; rows in no group are 0.
 - ``ragged_contract``: out[g] = sum over the rows m of group g of lhs[:, m] (x) rhs[m, :], the
-  other groups' rows masked to zero (exact zeros, which change no float32 sum).
+  other rows of both operands replaced by zeros (``where``: exact zeros, which change no float32
+  sum, and never 0 x a non-finite value of another group).
+
+A group's result depends only on its own rows and its own weights: a NaN / Inf anywhere else
+(another group's rows or weights, an empty group's weights, rows past the last group) does not
+reach it.
 
 Global scales (NVFP4) multiply the float32 accumulator, per group for a per-group rhs scale, and
 the result is cast to the output dtype once. It costs G dense dots (no data-dependent shapes): a
@@ -46,8 +51,12 @@ def impl(lhs, rhs, group_sizes, p: common.RaggedProblem, sel=None):
         b = b if p.rhs_contract == 0 else b.T  # (M, N)
 
         def group(g):
-            masked = jnp.where((groups == g)[None, :], a, jnp.zeros((), jnp.float32))
-            return lax.dot(masked, b, precision=HIGHEST, preferred_element_type=jnp.float32)
+            # Both operands masked with `where`: a zero of one operand times a NaN / Inf row of the
+            # other (another group's, or a row past the last group) would be NaN.
+            rows = groups == g
+            zero = jnp.zeros((), jnp.float32)
+            return lax.dot(jnp.where(rows[None, :], a, zero), jnp.where(rows[:, None], b, zero), precision=HIGHEST,
+                           preferred_element_type=jnp.float32)
 
         acc = lax.map(group, jnp.arange(p.G, dtype=jnp.int32)) if p.G else jnp.zeros((0, p.K, p.N), jnp.float32)
     return common.apply_global_scales(acc, lhs, rhs, group_sizes, p)

@@ -48,11 +48,23 @@ def _reuse_weights(rec) -> bool:
     return len(rec.rhs.block) == 2 and rec.rhs_bwd == rec.rhs
 
 
-def _forward(x, w, group_sizes, rec, out_dtype, backend):
-    qw = _quantize_weights(w, rec.rhs, 1)
+def _both_weights(rec) -> bool:
+    """The weights' two quantizations (forward along K, dgrad along N) share a 1-D format: the
+    forward writes both from one read of w (quantize_both_axes, issue 35; the same bits as two
+    quantize calls) and the dgrad's copy is the residual."""
+    return len(rec.rhs.block) == 1 and rec.rhs_bwd == rec.rhs
+
+
+def _forward(x, w, group_sizes, rec, out_dtype, backend, both=False):
+    """y and the forward's quantized weights; with ``both``, also the dgrad's (else None)."""
+    qw_bwd = None
+    if both:
+        qw_bwd, qw = formats.quantize_both_axes(w.astype(jnp.float32) if w.dtype == jnp.float64 else w, rec.rhs)
+    else:
+        qw = _quantize_weights(w, rec.rhs, 1)
     y = ragged_dot(_quantize(x, rec.lhs, -1), qw, group_sizes, common.RAGGED_M, preferred_element_type=out_dtype,
                    backend=backend)
-    return y, qw
+    return y, qw, qw_bwd
 
 
 # w_dtype: the weights' cotangent has the primal's dtype, and the residual may be the quantized
@@ -63,13 +75,18 @@ def _scaled(x, w, group_sizes, rec, out_dtype, backend, w_dtype):
 
 
 def _scaled_fwd(x, w, group_sizes, rec, out_dtype, backend, w_dtype):
-    y, qw = _forward(x, w, group_sizes, rec, out_dtype, backend)
-    return y, (x, qw if _reuse_weights(rec) else w, group_sizes)
+    y, qw, qw_bwd = _forward(x, w, group_sizes, rec, out_dtype, backend, both=_both_weights(rec))
+    return y, (x, qw if _reuse_weights(rec) else (qw_bwd if qw_bwd is not None else w), group_sizes)
 
 
 def _scaled_bwd(rec, out_dtype, backend, w_dtype, res, dy):
+    with common.named_errors("scaled_ragged_dot"):  # raised while jax differentiates, outside the call
+        return _backward(rec, backend, w_dtype, res, dy)
+
+
+def _backward(rec, backend, w_dtype, res, dy):
     x, w, group_sizes = res
-    qw = w if _reuse_weights(rec) else _quantize_weights(w, rec.rhs_bwd, 2)
+    qw = w if (_reuse_weights(rec) or _both_weights(rec)) else _quantize_weights(w, rec.rhs_bwd, 2)
     dx = ragged_dot(_quantize(dy, rec.grad, -1), qw, group_sizes, _DGRAD, preferred_element_type=jnp.float32,
                     backend=backend)
     # x^T is a transposed copy quantized along its last axis (the tokens): an lhs contracting its
@@ -119,7 +136,7 @@ def scaled_ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_t
     if group_sizes.shape[0] != rhs.shape[0]:
         raise ValueError(f"{what}: rhs has {rhs.shape[0]} groups (shape {rhs.shape}) but group_sizes has shape "
                          f"{tuple(group_sizes.shape)}")
-    rec = recipe(DEFAULT_FORMAT if format is None else format, grad_format)
+    rec = recipe(DEFAULT_FORMAT if format is None else format, grad_format, what)
     for role, fmt in (("format", rec.lhs), ("format", rec.rhs), ("grad_format", rec.grad)):
         if fmt.per_tensor:
             raise ValueError(f"{what}: {role} {fmt.name} (one scale per tensor) is not a grouped format; use "
@@ -128,5 +145,6 @@ def scaled_ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_t
     out_dtype = formats.float_dtype(requested, common.OUT_DTYPES + (jnp.dtype(jnp.float64),), what,
                                     "preferred_element_type")
     out_dtype = jnp.dtype(jnp.float32) if out_dtype == jnp.float64 else out_dtype
-    return _scaled(lhs, rhs, jnp.asarray(group_sizes), rec, out_dtype, backend, rhs.dtype)
+    with common.named_errors(what):  # what the grouped dots refuse (a backend that cannot run here)
+        return _scaled(lhs, rhs, jnp.asarray(group_sizes), rec, out_dtype, backend, rhs.dtype)
 

@@ -1,140 +1,279 @@
-"""Backend ``xla`` of ``ragged_dot``: dequantize, then XLA's own ``lax.ragged_dot_general``.
+"""Backend ``xla`` of ``ragged_dot``: a grouped dot in XLA's own ops whose work is bounded by the
+useful work (docs/design.md, "A grouped XLA path bounded by the useful work", issue 36).
 
-What ``auto`` runs on a GPU until one of our grouped kernels is verified (``verified.py``); on
-CPU ``auto`` passes it over for the reference, measured faster there (``_prefers``). No custom
-call: on GPU jax lowers it to XLA's ``ragged-dot`` instruction (``chlo.ragged_dot``), on CPU to a
-masked dense dot.
+What ``auto`` runs on a GPU until one of our grouped kernels is verified (``verified.py``), and
+on CPU (3-7x faster than the reference there, which computes every group's dot over all rows:
+benchmarks/bench_ragged_dot_cpu.py, docs/design.md). No custom call, and no
+``lax.ragged_dot``: XLA:GPU without a recent cuDNN expands it into one dense dot over all G
+groups (jax's CPU lowering does the same with a mask), G times the work, and lets a non-finite
+weight of one expert reach every other expert's rows (0 x Inf).
 
-- MX and NVFP4: each operand dequantized to bfloat16 and the ragged dot accumulates in float32,
-  exact for the same reason and under the same run-time check as the dense dot's ``xla`` backend
-  (``dot_xla``: element x E8M0 scale is a bfloat16 value above a scale bound; NVFP4 always). Where
-  the check fails (``lax.cond`` on the smallest scale), float32 operands at HIGHEST precision.
-- FP8 blockwise: float32 operands (its float32 block scales make element x scale inexact in
-  bfloat16) at HIGHEST precision.
+The row tiles. Each group's rows are cut into tiles of ``TILE`` = 128 rows (its last tile
+partial), the tiles of all groups laid end to end: tile t holds rows of one group only. Their
+number depends on the sizes, which live on the device, so the shapes use the most any sizes can
+need, ``T = tile_count(M, G) <= ceil(M / 128) + G``: the rows computed are at most
+``M + 127 G``, the useful rows plus less than one tile per group. Each tile's group, rows and
+row mask are computed on the device (``tile_table``: comparisons and prefix sums, no host sync,
+the same work every call); tiles past the last used one are marked unused.
 
-Group sizes go in as ``common.effective_group_sizes`` (clamped: the op's definition of negative
-sizes and of sizes past M). The result equals the reference up to the order of the float32
-accumulation.
+- ``ragged_m`` (the forward, ``RAGGED_M``; the dgrad, ``RAGGED_M_NK``): per tile, its 128 rows
+  of lhs and its group's weights, gathered quantized (data and block scales) and dequantized as
+  they are gathered, one batched ``dot_general`` over the tiles ([C, 128, K] x [C, K, N], float32
+  accumulation), and each output row gathered back from its tile. A row's result is its own row
+  times its own group's weights, whatever the other rows and experts hold.
+- ``ragged_contract`` (the wgrad, out[g] = sum over group g's rows of lhs^T rhs): per tile, its
+  128 rows of both operands (rows outside the tile's group replaced by zeros with ``where``,
+  never multiplied by zero), one batched dot giving a (K, N) partial per tile, each added to its
+  group's output in tile order (a loop, deterministic; unused tiles add nothing).
 
-vmap. ``lax.ragged_dot_general`` batches only when lhs, rhs and group sizes all carry the batch
-dimension (jax 0.10: "ragged_dot vmap over any dim but 0 - NYI" otherwise), so the call is a
-``custom_vmap`` that broadcasts the unbatched ones first.
+The tiles run ``C`` at a time (``chunk_size``: the gathered weights or the float32 partials of a
+chunk stay under ``CHUNK_BYTES``), in a ``lax.map`` / ``fori_loop`` of static trip count when
+T > C: XLA:GPU runs such a loop without reading anything back to the host.
+
+Numerics, as before: MX and NVFP4 operands dequantized to bfloat16 where element x scale is
+exact there (the dense ``xla`` backend's rule and run-time ``lax.cond``; ``dot_xla``), else
+float32 at HIGHEST precision; FP8 blockwise in float32 at HIGHEST precision (float32 block
+scales make element x scale inexact in bfloat16). Global scales multiply the float32 result
+(``common.apply_global_scales``). The result equals the reference up to the order of the float32
+accumulation. Group sizes go in as ``common.group_ends`` clamps them (negative sizes 0, groups
+cut at M). Transformations: vmap and shard_map batch the gathers, dots and loops with jax's own
+rules; a symbolic M (jax.export) gets a symbolic T (``plan``).
 """
 
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from jax_gpuext.common import backends
-from jax_gpuext.common.gates import GateResult
 from jax_gpuext.dot import xla as dot_xla
 from jax_gpuext.dot.common import format_info
 from jax_gpuext.ragged_dot import common
 
-
-def _lax_ragged(a, b, sizes, dn, precision):
-    """``lax.ragged_dot_general`` (float32 accumulation) that batches whatever vmap batches: under
-    vmap the batch is folded into one bigger ragged dot (``_folded``) rather than left to jax's
-    batching rule, which needs all three operands batched and fails under nested vmaps on CPU
-    (jax 0.10's "vmap over any dim but 0 - NYI" / in_axes errors)."""
-    @jax.custom_batching.custom_vmap
-    def call(a, b, sizes):
-        return lax.ragged_dot_general(a, b, sizes, dn, precision=precision, preferred_element_type=jnp.float32)
-
-    @call.def_vmap
-    def _rule(axis_size, in_batched, a, b, sizes):
-        a, b, sizes = (x if batched else jnp.broadcast_to(x, (axis_size,) + x.shape)
-                       for x, batched in zip((a, b, sizes), in_batched))
-        return _folded(a, b, sizes, dn, precision), True
-
-    return call(a, b, sizes)
+TILE = 128  # rows per tile: the padding bound (< one tile per group) and the rows each weight read serves
+# Bytes of a chunk's gathered weights (ragged_m) or float32 partials (ragged_contract): C = CHUNK_BYTES
+# // one tile's, at least 1. Large enough that a chunk's batched dot fills a GPU at DeepSeek-V3's
+# shapes (C = 9 at K = 7168, N = 4096 in bf16), small beside its memory.
+CHUNK_BYTES = 512 << 20
+_F4 = jnp.dtype(jnp.float4_e2m1fn)
+_UNROLL = 8  # ragged_contract: a chunk's partials are added to their groups unrolled up to this many, else in a loop
 
 
-def _folded(a, b, sizes, dn, precision):
-    """B ragged dots as one: batch element i's rows follow element i-1's, its G groups plus one more
-    for its rows past them (against zero weights in ragged_m; dropped from the output in
-    ragged_contract), so every element's groups stay its own. Calls ``_lax_ragged`` again, so an
-    enclosing vmap folds its batch the same way."""
-    (lc, rc), _ = dn.dot_dimension_numbers
-    contract = tuple(dn.lhs_ragged_dimensions) == tuple(lc)
-    nb, g = sizes.shape
-    m = a.shape[1 + (lc[0] if contract else 0)]
-    sizes = jnp.concatenate([sizes, m - jnp.sum(sizes, axis=1, keepdims=True)], axis=1).reshape(-1)
-    if not contract:  # a (B, M, K), b (B, G, ., .)
-        b = jnp.concatenate([b, jnp.zeros((nb, 1) + b.shape[2:], b.dtype)], axis=1)
-        out = _lax_ragged(a.reshape((nb * m,) + a.shape[2:]), b.reshape((nb * (g + 1),) + b.shape[2:]), sizes, dn,
-                          precision)
-        return out.reshape((nb, m) + out.shape[1:])
-
-    def fold(x, axis):  # (B, ...) with the ragged axis at 1 + axis -> the B runs of it laid end to end
-        x = jnp.moveaxis(x, 0, axis)
-        return x.reshape(x.shape[:axis] + (-1,) + x.shape[axis + 2:])
-
-    out = _lax_ragged(fold(a, lc[0]), fold(b, rc[0]), sizes, dn, precision)  # (B * (G + 1), K, N)
-    return out.reshape((nb, g + 1) + out.shape[1:])[:, :g]
+def tile_count(m, g: int):
+    """The most row tiles any group sizes need: sum over groups of ceil(size / TILE) with the sizes
+    summing to at most m is at most floor((m + G (TILE - 1)) / TILE), and at most m (every used
+    tile holds a row). A symbolic m (jax.export) keeps the first bound only."""
+    if g <= 0 or (isinstance(m, int) and m <= 0):
+        return 0
+    t = (m + g * (TILE - 1)) // TILE
+    return min(m, t) if isinstance(m, int) else t
 
 
-def _dimension_numbers(p: common.RaggedProblem) -> lax.RaggedDotDimensionNumbers:
-    if p.mode == "ragged_m":
-        return lax.RaggedDotDimensionNumbers((([1], [p.rhs_contract]), ([], [])), [0], [0])
-    return lax.RaggedDotDimensionNumbers((([p.lhs_contract], [p.rhs_contract]), ([], [])), [p.lhs_contract], [])
+def chunk_size(tiles, tile_bytes: int) -> int:
+    """Tiles per batched dot: as many as fit ``CHUNK_BYTES``, at least 1, at most all."""
+    c = max(1, CHUNK_BYTES // max(tile_bytes, 1))
+    return min(tiles, c) if isinstance(tiles, int) else c
+
+
+class Plan(NamedTuple):
+    """The static schedule: ``tiles`` row tiles (T), ``chunk`` (C) at a time: ``full`` chunks, then
+    ``rest`` tiles. With a symbolic M, T is rounded up to whole chunks (unused tiles: at most C - 1
+    more) so that no test of a symbolic size is needed."""
+
+    tiles: object
+    chunk: int
+    full: object
+    rest: int
+
+
+def plan(m, g: int, tile_bytes: int) -> Plan:
+    tiles = tile_count(m, g)
+    c = chunk_size(tiles, tile_bytes)
+    if not isinstance(tiles, int):
+        full = (tiles + c - 1) // c
+        return Plan(full * c, c, full, 0)
+    if tiles == 0:
+        return Plan(0, 1, 0, 0)
+    return Plan(tiles, c, tiles // c, tiles % c)
+
+
+class TileTable(NamedTuple):
+    """Where each of the T tiles lies and where each row's result is (device arrays).
+
+    ``group`` (T,): the tile's group, G for an unused tile; ``weight`` (T,): the group clamped to
+    [0, G - 1] (an index that is always valid); ``rows`` (T, TILE): the row of each slot (0 where
+    unused); ``valid`` (T, TILE): whether the slot holds a row of the tile's group; ``slot`` (M,):
+    the slot (tile * TILE + position) of each row (0 for a row in no group); ``in_group`` (M,)."""
+
+    group: jax.Array
+    weight: jax.Array
+    rows: jax.Array
+    valid: jax.Array
+    slot: jax.Array
+    in_group: jax.Array
+
+
+def tile_table(group_sizes, m: int, g: int, tiles: int) -> TileTable:
+    ends = common.group_ends(group_sizes, m)  # (G,), clamped: the definition every backend computes
+    starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])
+    count = (ends - starts + (TILE - 1)) // TILE  # tiles of each group
+    tile_end = jnp.cumsum(count, dtype=jnp.int32)  # <= tiles (tile_count's bound)
+    tile_start = tile_end - count
+    t = jnp.arange(tiles, dtype=jnp.int32)
+    group = common._count_at_or_below(tile_end, t)  # in [0, G]; G: past the last used tile
+    weight = jnp.minimum(group, g - 1)
+    rows = (starts[weight] + (t - tile_start[weight]) * TILE)[:, None] + jnp.arange(TILE, dtype=jnp.int32)
+    valid = (group < g)[:, None] & (rows < ends[weight][:, None])
+    row = jnp.arange(m, dtype=jnp.int32)
+    row_group = common._count_at_or_below(ends, row)
+    in_group = row_group < g
+    rg = jnp.minimum(row_group, g - 1)
+    slot = jnp.where(in_group, tile_start[rg] * TILE + row - starts[rg], 0)
+    return TileTable(group, weight, jnp.where(valid, rows, 0), valid, slot, in_group)
+
+
+def _slice(x, start, size: int):
+    return lax.dynamic_slice_in_dim(x, start, size, axis=0)
+
+
+def _take_dequantized(q, index, dtype):
+    """Entries ``index`` of ``q`` along axis 0 (lhs rows; rhs experts), dequantized to ``dtype``:
+    the quantized data and its block scales are gathered, then multiplied (XLA fuses the
+    product into the gather), so a tile reads its own expert's weights in their stored width.
+    Axis 0 is never a block axis here (lhs blocks run along K, rhs blocks along K / N within an
+    expert). float4 data is widened before the gather: no XLA gather produces 4-bit elements
+    (jaxlib 0.7's CPU compiler miscompiles such fusions: ``grouped._take``)."""
+    data = q.data.astype(dtype) if jnp.dtype(q.data.dtype) == _F4 else q.data
+    aux = q.tree_flatten()[1]
+    picked = type(q).tree_unflatten(aux, (jnp.take(data, index, axis=0, mode="clip"),
+                                          jnp.take(q.scale.astype(jnp.float32), index, axis=0, mode="clip"), None))
+    return common.dequantized(picked, dtype)
+
+
+def _stacked(chunk, sched: Plan):
+    """chunk(start, size) -> (size, ...) for the T tiles, C at a time, stacked to (T, ...): a
+    lax.map over the full chunks (a loop only when there are several), the rest after it."""
+    c, full, parts = sched.chunk, sched.full, []
+    if isinstance(full, int) and full == 1:
+        parts.append(chunk(jnp.int32(0), c))
+    elif not isinstance(full, int) or full > 1:
+        ys = lax.map(lambda start: chunk(start, c), jnp.arange(full, dtype=jnp.int32) * c)
+        parts.append(ys.reshape((full * c,) + ys.shape[2:]))
+    if sched.rest:
+        parts.append(chunk(jnp.int32(sched.tiles - sched.rest), sched.rest))
+    return parts[0] if len(parts) == 1 else jnp.concatenate(parts)
+
+
+def _ragged_m(lhs, rhs, table: TileTable, p: common.RaggedProblem, sched: Plan, dtype, precision):
+    dims = (((2,), (p.rhs_contract,)), ((0,), (0,)))
+
+    def chunk(start, size):
+        a = _take_dequantized(lhs, _slice(table.rows, start, size), dtype)  # (C, TILE, K)
+        w = _take_dequantized(rhs, _slice(table.weight, start, size), dtype)  # (C, K, N) or (C, N, K)
+        return lax.dot_general(a, w, dims, precision=precision, preferred_element_type=jnp.float32)
+
+    y = _stacked(chunk, sched).reshape(sched.tiles * TILE, p.N)
+    # Every output row is gathered from its own slot; rows in no group are zeros, not whatever a
+    # slot holds.
+    return jnp.where(table.in_group[:, None], jnp.take(y, table.slot, axis=0, mode="clip"), jnp.float32(0))
+
+
+def _ragged_contract(lhs, rhs, group_sizes, table: TileTable, p: common.RaggedProblem, sched: Plan, dtype,
+                     precision):
+    a = common.dequantized(lhs, dtype, group_sizes)
+    a = a.T if p.lhs_contract == 1 else a  # (M, K)
+    b = common.dequantized(rhs, dtype, group_sizes)
+    b = b if p.rhs_contract == 0 else b.T  # (M, N)
+    zero = jnp.zeros((), dtype)
+
+    def partials(start, size):  # (C, K, N): each tile's rows of its own group only
+        valid = _slice(table.valid, start, size)[..., None]
+        rows = _slice(table.rows, start, size)
+        at = jnp.where(valid, jnp.take(a, rows, axis=0, mode="clip"), zero)  # (C, TILE, K)
+        bt = jnp.where(valid, jnp.take(b, rows, axis=0, mode="clip"), zero)  # (C, TILE, N)
+        return lax.dot_general(at, bt, (((1,), (1,)), ((0,), (0,))), precision=precision,
+                               preferred_element_type=jnp.float32)
+
+    def add_chunk(start, size, out):
+        part = partials(start, size)
+        group = _slice(table.group, start, size)
+
+        def add(i, out):
+            g = group[i]
+            gi = jnp.minimum(g, p.G - 1)
+            cur = lax.dynamic_index_in_dim(out, gi, axis=0, keepdims=False)
+            return lax.dynamic_update_index_in_dim(out, jnp.where(g < p.G, cur + part[i], cur), gi, axis=0)
+
+        if size <= _UNROLL:  # a few in-place adds in a row, no loop
+            for i in range(size):
+                out = add(i, out)
+            return out
+        return lax.fori_loop(0, size, add, out)
+
+    # The carry starts as zeros derived from the tile table (0 x an integer: no NaN can arise):
+    # under shard_map a loop carry must vary over the devices as the body's result does.
+    out = jnp.zeros((p.G, p.K, p.N), jnp.float32) + (table.group[0] * 0).astype(jnp.float32)
+    c, full = sched.chunk, sched.full
+    if isinstance(full, int) and full == 1:
+        out = add_chunk(jnp.int32(0), c, out)
+    elif not isinstance(full, int) or full > 1:
+        out = lax.fori_loop(0, full, lambda i, out: add_chunk(i * c, c, out), out)
+    if sched.rest:
+        out = add_chunk(jnp.int32(sched.tiles - sched.rest), sched.rest, out)
+    return out
 
 
 def _accumulate(lhs, rhs, group_sizes, p: common.RaggedProblem, dtype, precision):
-    grouped = group_sizes if p.mode == "ragged_contract" else None
-    a = common.dequantized(lhs, dtype, grouped)
-    b = common.dequantized(rhs, dtype, grouped)
-    return _lax_ragged(a, b, common.effective_group_sizes(group_sizes, p.M), _dimension_numbers(p), precision)
+    # One tile's big operand: its gathered weights (ragged_m) or its float32 (K, N) partial.
+    per_tile = p.K * p.N * (jnp.dtype(dtype).itemsize if p.mode == "ragged_m" else 4)
+    sched = plan(p.M, p.G, per_tile)
+    if isinstance(sched.tiles, int) and sched.tiles == 0:  # no rows or no groups: nothing is in a group
+        return jnp.zeros(p.out_shape, jnp.float32)
+    table = tile_table(group_sizes, p.M, p.G, sched.tiles)
+    if p.mode == "ragged_m":
+        return _ragged_m(lhs, rhs, table, p, sched, dtype, precision)
+    return _ragged_contract(lhs, rhs, group_sizes, table, p, sched, dtype, precision)
 
 
 def impl(lhs, rhs, group_sizes, p: common.RaggedProblem, sel=None):
     f32 = functools.partial(_accumulate, p=p, dtype=jnp.float32, precision=lax.Precision.HIGHEST)
     bf16 = functools.partial(_accumulate, p=p, dtype=jnp.bfloat16, precision=None)
+    tiles = tile_count(p.M, p.G)
+    if sel is not None:
+        backends.note(sel, f"{tiles} row tiles of {TILE} (<= ceil(M/{TILE}) + G), each against its own group's "
+                           "operands: batched XLA dots, no lax.ragged_dot")
     if p.family == "fp8_block":
         if sel is not None:
-            backends.note(sel, "FP8 blockwise: float32 operands, lax.ragged_dot at HIGHEST precision (float32 block "
-                               "scales are not exact in bfloat16)")
+            backends.note(sel, "FP8 blockwise: float32 operands at HIGHEST precision (float32 block scales are not "
+                               "exact in bf16)")
         acc = f32(lhs, rhs, group_sizes)
     else:
         infos = [(q, format_info(q.format)) for q in (lhs, rhs)]
         checks = [(q, i) for q, i in infos if not dot_xla.exact_statically(i)]
         if not checks:
             if sel is not None:
-                backends.note(sel, "bf16 dequantize + lax.ragged_dot (f32 accumulation): element x scale is exact in "
-                                   "bf16 for these formats")
+                backends.note(sel, "bf16 dequantize (f32 accumulation): element x scale is exact in bf16 for these "
+                                   "formats")
             acc = bf16(lhs, rhs, group_sizes)
         else:
             if sel is not None:
                 bound = max(dot_xla.min_exact_scale_exponent(i) for _, i in checks)
-                backends.note(sel, f"bf16 dequantize + lax.ragged_dot (f32 accumulation) when every E8M0 scale is >= "
-                                   f"2^{bound} (element x scale exact in bf16); else float32 (lax.cond on the scales)")
+                backends.note(sel, f"bf16 dequantize (f32 accumulation) when every E8M0 scale is >= 2^{bound} "
+                                   "(element x scale exact in bf16); else float32 (lax.cond on the scales)")
             ok = functools.reduce(jnp.logical_and, [dot_xla.scales_exact(q, i) for q, i in checks])
             acc = lax.cond(ok, bf16, f32, lhs, rhs, group_sizes)
     return common.apply_global_scales(acc, lhs, rhs, group_sizes, p)
 
 
-def _prefers(p: common.RaggedProblem) -> GateResult:
-    """On CPU ``auto`` takes the reference: measured faster there for every format and group split
-    (benchmarks/bench_ragged_dot_cpu.py; docs/design.md "Grouped block-scaled dot (issue 30)").
-    jax lowers lax.ragged_dot on CPU to one dot over all groups with the lhs masked per group, G
-    times the work like the reference's G dots, plus a (G, M, K) select the reference does not
-    have; bf16 operands do not make up for it (XLA:CPU widens them)."""
-    if backends.current_platform() != "cpu":
-        return GateResult(True, "")
-    return GateResult(False, "on CPU the reference is faster (jax's CPU lowering of lax.ragged_dot is a masked dot "
-                             "over all groups; benchmarks/bench_ragged_dot_cpu.py); name backend='xla' to run it")
-
-
 BACKEND = backends.Backend(
     "xla", ("cuda", "cpu"), (),
-    "XLA only: operands dequantized (bf16 for MX / NVFP4 where exact, else f32) + lax.ragged_dot_general with f32 "
-    "accumulation",
-    takes="every format pair of one family, both modes, any shape; auto on CPU: never (the reference, measured "
-          "faster there)", prefers=_prefers)
+    "XLA only: 128-row tiles, each against its own group's operands (dequantized: bf16 for MX / NVFP4 where exact, "
+    "else f32), batched dots with f32 accumulation; work <= the useful rows + one tile per group",
+    takes="every format pair of one family, both modes, any shape")
 
 
 def register(register_impl) -> None:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import io
 import os
+import pathlib
 import re
+import stat
 import struct
 import subprocess
 import sys
@@ -341,3 +343,46 @@ def test_modelopt_scalars_round_trip_as_scalars(tmp_path):
     assert np.array_equal(np.asarray(q2.data).view(np.uint8), np.asarray(q.data).view(np.uint8))
     with pytest.raises(ck.CheckpointLayoutError, match=r"p\.input_scale: expected one value"):
         ck.from_modelopt_nvfp4(w, ws, np.float32(0.25), np.ones(2, np.float32), name="p.weight")
+
+
+@pytest.mark.parametrize("shape", [[0, 2**62, 4], [0] * 100, [1] * 65], ids=["strides_overflow", "rank_100", "rank_65"])
+def test_shapes_safetensors_accepts_and_numpy_cannot_hold_are_named(tmp_path, shape):
+    """A header safetensors validates (0 elements, 0 bytes) whose shape no ndarray can have: one
+    ck.CheckpointError naming the file and the tensor, never a bare NumPy ValueError (issue 34)."""
+    path = write(tmp_path, sf.build({"t": entry("F32", shape, [0, 0 if 0 in shape else 4])},
+                                 b"" if 0 in shape else b"\0" * 4))
+    safetensors.safe_open(path, framework="numpy")  # the library's own reader accepts the header
+    for reader in (ck.read_safetensors, ck.read_tensors):
+        with pytest.raises(ck.CheckpointError, match=r"tensor 't'.*NumPy cannot hold this shape") as e:
+            reader(path)
+        assert str(path) in str(e.value)
+
+
+def test_an_upper_case_suffix_is_the_same_kind_of_file(tmp_path):
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    ck.write_safetensors(tmp_path / "m.SAFETENSORS", {"a": a})
+    np.testing.assert_array_equal(ck.read_tensors(tmp_path / "m.SAFETENSORS")["a"], a)
+    with open(tmp_path / "n.NPZ", "wb") as f:  # (np.savez would append ".npz" to a name)
+        np.savez(f, a=a)
+    np.testing.assert_array_equal(ck.read_tensors(tmp_path / "n.NPZ")["a"], a)
+
+
+def test_the_writer_never_replaces_a_special_file(tmp_path):
+    """A FIFO, a directory (and, where one can be made, a device node) named as the target are
+    refused and left as they were; os.replace would have swapped in a regular file (issue 34)."""
+    fifo = tmp_path / "pipe.safetensors"
+    os.mkfifo(fifo)
+    folder = tmp_path / "dir.safetensors"
+    folder.mkdir()
+    link = tmp_path / "link.safetensors"
+    link.symlink_to(fifo)  # through a symlink, the FIFO it points to
+    for target, kind in ((fifo, "a FIFO"), (folder, "a directory"), (link, "a FIFO")):
+        with pytest.raises(ck.CheckpointError, match=f"not a regular file \\({kind}\\)"):
+            ck.write_safetensors(target, {"a": np.zeros(2, np.float32)})
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and folder.is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.safetensors", "link.safetensors", "pipe.safetensors"]
+    dev_null = pathlib.Path("/dev/null")
+    if os.access("/dev", os.W_OK):  # as root: the device node itself must survive
+        with pytest.raises(ck.CheckpointError, match="a character device"):
+            ck.write_safetensors(dev_null, {"a": np.zeros(2, np.float32)})
+        assert stat.S_ISCHR(os.stat(dev_null).st_mode)

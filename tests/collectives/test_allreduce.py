@@ -588,10 +588,15 @@ def test_max_min_propagate_nan_on_every_backend(mesh, algorithm, op, nan_ranks):
 
 @pytest.mark.gpu
 @pytest.mark.gates("nvshmem", "nvshmem_allreduce_module", "jaxlib_custom_call_memory_spaces")
-def test_gpu_collective_space_reaches_the_compiled_program():
+def test_gpu_collective_space_reaches_the_compiled_program(monkeypatch):
     """One process, one GPU (a group of one PE): compiling all_reduce with COLLECTIVE operand and
     result puts both buffers in XLA's collective memory, S(1), in the optimized HLO."""
     from jax_gpuext import MemorySpace
+
+    # This module's autouse fixture sizes the CPU protocol's workspace (512 B); the first CUDA
+    # all_reduce initializes NVSHMEM lazily with the variable's value, which CUDA refuses below
+    # 4096 (issue 33). Unset: NVSHMEM gets its default workspace.
+    monkeypatch.delenv(collectives.WORKSPACE_ENV)
 
     gpu_mesh = jax.make_mesh((1,), ("i",), devices=jax.devices("cuda")[:1])
     x = jax.device_put(np.arange(256, dtype=np.float32), NamedSharding(gpu_mesh, P("i")))

@@ -242,6 +242,48 @@ def test_cpu_workspace_lives_only_during_a_call(mesh, monkeypatch):
     assert grown < 64, f"RSS grew {grown:.0f} MB over {calls} traced calls (the leak was 8 MiB per call)"
 
 
+# --------------------------------------------------------------------------- workspace size (issue 33)
+def test_cuda_refuses_a_cpu_sized_workspace_naming_the_variable(monkeypatch):
+    """512 B (what the CPU tests set) reached the lazy NVSHMEM initialization of the first CUDA
+    all_reduce and came back as "lazy NVSHMEM initialization failed (workspace_bytes must be at
+    least 4096, got 512)". Where CUDA reads the variable, a value below the minimum is now an
+    EnvironmentVariableError naming it, raised before NVSHMEM starts."""
+    from jax_gpuext.collectives import distributed
+    from jax_gpuext.common.env import EnvironmentVariableError
+
+    assert not distributed.is_initialized()  # CPU: nothing to undo
+    for bad in ("1", "7", "512", str(distributed.MIN_GPU_WORKSPACE_BYTES - 1)):
+        monkeypatch.setenv(collectives.WORKSPACE_ENV, bad)
+        for read in (distributed.workspace_bytes, distributed.ensure_initialized, distributed.initialize):
+            with pytest.raises(EnvironmentVariableError, match=f"{collectives.WORKSPACE_ENV}='{bad}'.*at least 4096"):
+                read()
+    monkeypatch.setenv(collectives.WORKSPACE_ENV, "4096")
+    assert distributed.workspace_bytes() == 4096
+    monkeypatch.delenv(collectives.WORKSPACE_ENV)
+    assert distributed.workspace_bytes() == distributed.DEFAULT_GPU_WORKSPACE_BYTES
+    for bad in (512, 4095.0, True, "4096"):
+        with pytest.raises(ValueError, match="workspace_bytes must be an int of at least 4096"):
+            distributed.initialize(workspace_bytes=bad)
+
+
+@pytest.mark.parametrize("algorithm,need", [("one_shot", N * 8), ("two_shot", 2 * N * 8)])
+def test_cpu_workspace_too_small_for_the_call_fails_at_trace_time(mesh, monkeypatch, algorithm, need):
+    """The CPU protocol needs one float64 per rank (twice for two_shot): a smaller variable failed
+    inside the handler at run time; it is refused at trace time, naming the variable and the need."""
+    from jax_gpuext.common.env import EnvironmentVariableError
+
+    with _enable_x64(True):
+        x = jax.device_put(np.ones(N * 3, np.float64), NamedSharding(mesh, P("i")))
+        for bad in ("1", "7", str(need - 1)):
+            monkeypatch.setenv(collectives.WORKSPACE_ENV, bad)
+            f = _shard_map(lambda v: jax_gpuext.all_reduce(v, "i", algorithm=algorithm), mesh)
+            with pytest.raises(EnvironmentVariableError, match=f"{collectives.WORKSPACE_ENV}='{bad}'.*at least {need} "):
+                f.lower(x)
+        monkeypatch.setenv(collectives.WORKSPACE_ENV, str(need))  # exactly one element per rank: many chunks
+        f = _shard_map(lambda v: jax_gpuext.all_reduce(v, "i", algorithm=algorithm), mesh)
+        np.testing.assert_array_equal(np.asarray(f(x)), np.full(N * 3, N, np.float64))
+
+
 # --------------------------------------------------------------------------- rank claims (finding 7)
 def test_two_devices_claiming_one_rank_fail_naming_it(mesh):
     """Direct calls of gpuext_all_reduce whose rank operand gives devices 2k and 2k+1 the same rank:

@@ -231,6 +231,21 @@ def test_explain_reports_calls_inside_jit_even_after_caching(toy_op):
     assert json.loads(report.to_json())["calls"][0]["op"] == op
 
 
+def test_explain_table_is_one_compact_row_per_decision(toy_op):
+    """The demo's per-step table (issue 34): one row per (op, backend, reason) with its call count,
+    a fallback flagged in a few words; the full form stays in str()."""
+    op, toy, _ = toy_op
+    x = jnp.ones((4,))
+    report = jax_gpuext.explain(lambda x: (toy(x), toy(x * 2), toy(x[:3])), x, platform="cpu")
+    lines = report.table().splitlines()
+    assert lines[0].split()[:3] == ["op", "backend", "calls"] and "(cpu)" in lines[0]
+    assert len(lines) == 3  # the two even-sized calls share a row
+    assert lines[1].split()[:3] == [op, "fast", "2"]
+    assert lines[2].split()[:3] == [op, "reference", "1"] and "FALLBACK: the fast kernel needs an even n" in lines[2]
+    assert all(len(l) <= 120 for l in lines)
+    assert "no jax_gpuext calls" in jax_gpuext.explain(lambda x: x + 1, x).table()
+
+
 def test_explain_with_no_calls():
     assert "no jax_gpuext calls" in str(jax_gpuext.explain(lambda x: x + 1, jnp.ones(2)))
 

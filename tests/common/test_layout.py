@@ -122,12 +122,16 @@ def test_common_imports_no_capability():
             assert all(_layer(t) == "common" for t in targets), (m, targets)
 
 
+DOT_SHARED = {"jax_gpuext.dot.common", "jax_gpuext.dot.scale_range"}
+
+
 def test_dot_backends_import_dot_common_never_an_op():
     for b in DOT_BACKENDS:
         targets = GRAPH[f"jax_gpuext.dot.{b}"]
         assert "jax_gpuext.dot.common" in targets, (b, targets)
         assert not targets & set(DOT_OPS), (b, targets & set(DOT_OPS))
-        assert all(_layer(t) in ("common", "formats") or t == "jax_gpuext.dot.common" for t in targets), (b, targets)
+        # dot.common and its helpers (dot.scale_range: the wide-scale MX path shared by the backends)
+        assert all(_layer(t) in ("common", "formats") or t in DOT_SHARED for t in targets), (b, targets)
     # and the op owns the table: it imports every backend
     assert {f"jax_gpuext.dot.{b}" for b in DOT_BACKENDS} <= GRAPH["jax_gpuext.dot.block_scaled_dot"]
 
@@ -168,7 +172,11 @@ def test_public_api():
             "from_blackwell_scale_layout", "gates", "MemorySpace", "MXFP8_E4M3", "MXFP4", "MXFP8_E5M2", "NVFP4",
             "place", "quantize", "scaled_dot_general", "Selection", "to_blackwell_scale_layout", "UnsupportedError",
             # issue 30: the grouped dot
-            "GroupedBlockScaledArray", "quantize_grouped", "ragged_dot", "scaled_ragged_dot"]
+            "GroupedBlockScaledArray", "quantize_grouped", "ragged_dot", "scaled_ragged_dot",
+            # issue 35: both axes from one read
+            "quantize_both_axes",
+            # issue 36: the masked layout for decode
+            "ragged_dot_masked"]
     assert sorted(jax_gpuext.__all__) == sorted(want)
     ns = {}
     exec(f"from jax_gpuext import {', '.join(want)}", ns)  # noqa: S102 - the import users write

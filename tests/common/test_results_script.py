@@ -108,30 +108,6 @@ def test_every_benchmark_takes_the_run_scripts_arguments(tmp_path):
             assert r.returncode == 2 and "need" in r.stderr, (script.name, r.returncode, r.stderr[-500:])
 
 
-def test_command_buffer_reader_on_xla_shaped_text():
-    """The helper the GPU command-buffer tests use, on text in the shape XLA prints."""
-    from _hlo import custom_calls_in_command_buffers
-
-    text = """HloModule m, is_scheduled=true
-
-%command_buffer (p0: f32[4], p1: f32[4]) -> f32[4] {
-  %p0 = f32[4]{0} parameter(0)
-  %p1 = f32[4]{0} parameter(1)
-  ROOT %custom-call.1 = f32[4]{0} custom-call(%p0, %p1), custom_call_target="gpuext_block_scaled_dot_cublaslt"
-}
-
-command_buffer.1 (p0: f32[4]) -> f32[4] {
-  ROOT %fusion = f32[4]{0} fusion(%p0), kind=kLoop, calls=%fused_computation
-}
-
-ENTRY %main (a: f32[4], b: f32[4]) -> f32[4] {
-  %call = f32[4]{0} call(%a, %b), to_apply=%command_buffer
-  ROOT %cc = f32[4]{0} custom-call(%call), custom_call_target="gpuext_quantize"
-}
-"""
-    assert custom_calls_in_command_buffers(text) == {"gpuext_block_scaled_dot_cublaslt"}
-
-
 def _sanitizer_targets() -> dict[str, str]:
     lines = (ROOT / "tests" / "sanitizer_targets.txt").read_text().splitlines()
     return dict(ln.split() for ln in lines if ln.strip() and not ln.startswith("#"))
@@ -157,8 +133,9 @@ def test_every_sanitizer_target_and_mps_step_names_collected_tests():
 # ------------------------------------------------------------------ scripts/gpu_run.sh on CPU
 PART_1 = ["env", "install", "info", "tests_main", "tests_hopper_mx", "bench_quantize", "bench_dot", "bench_hopper_mx",
           "probe_cudnn", "allreduce_2_plain", "allreduce_2_timeout", "memcheck"]  # docs/design.md's order
-PART_2 = ["env", "install", "info", "allreduce_2_command_buffer", "tests_ragged_hopper", "allreduce_4_plain",
-          "bench_allreduce", "bench_ragged_dot", "racecheck", "memcheck_ragged", "bench_dot_full"]
+PART_2 = ["env", "install", "info", "tests_ragged_hopper", "allreduce_2_command_buffer", "bench_ragged_dot",
+          "memcheck_ragged", "bench_dot_full", "bench_quantize_full", "racecheck", "bench_allreduce",
+          "allreduce_4_plain"]
 RESERVE_S = 10  # gpu_run.sh's GPU_RUN_RESERVE_S default
 
 # Stands in for every step but env, install and info: records the step, its bound, the command and
@@ -322,3 +299,46 @@ def test_write_results_lists_environment_failures_apart(tmp_path):
     md = js.with_suffix(".md").read_text()
     env_at, code_at = md.index("### Failed for an environment reason"), md.index("### Why they failed")
     assert md.index("`t::code`", code_at) < env_at < md.index("`t::mps`", env_at)
+
+
+def test_feature_markers_reach_the_results_and_the_record(tmp_path):
+    """Issue 33: the tests' `verifies(..., feature=)` markers go through the junit file (conftest),
+    write_results.py and the record, as on the GPU machine: pytest runs real GPU tests (skipped
+    here, closed gates), their outcomes are then set as the H200 run had them (the per-tensor
+    batched layouts failing), and FP8 blockwise stays verified."""
+    import xml.etree.ElementTree as ET
+
+    from jax_gpuext.common import verified
+
+    work, out = _work_dirs(tmp_path)
+    info = json.loads((work / "info.json").read_text())
+    info["extensions"]["cuda"] = {"source_fingerprints": {"scheme": verified.FINGERPRINT_SCHEME,
+                                                          **{c: "a" * 16 for c in verified.COMPONENTS}}}
+    (work / "info.json").write_text(json.dumps(info))
+    junit = work / "gpu-tests-main.xml"
+    r = subprocess.run([sys.executable, "-m", "pytest", str(ROOT / "tests" / "dot" / "test_block_scaled_dot.py"), "-q",
+                        "-p", "no:cacheprovider", f"--junitxml={junit}", "-k",
+                        "test_gpu_per_tensor_batched_and_vmapped or test_gpu_cublaslt_fp8_blockwise_ragged_and_batched"],
+                       capture_output=True, text=True, cwd="/")
+    assert r.returncode == 0 and junit.exists(), r.stdout[-2000:] + r.stderr[-2000:]
+    tree = ET.parse(junit)
+    for case in tree.getroot().iter("testcase"):
+        case.remove(case.find("skipped"))
+        if "batched-" in case.get("name"):  # the two batched layouts fail, the vmapped one passes
+            ET.SubElement(case, "failure", message="CUBLAS_STATUS_NOT_SUPPORTED").text = "E   CUBLAS_STATUS_NOT_SUPPORTED"
+    tree.write(junit)
+    (work / "test_exits.txt").write_text("main 1\n")
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "write_results.py"), "--work", str(work),
+                    "--out-dir", str(out), "--tests-status", "1"], check=True, env={"PATH": "/usr/bin:/bin"})
+    (js,) = out.glob("*.json")
+    result = json.loads(js.read_text())
+    features = {c["test"].split("::")[1]: c["features"] for c in result["gpu_tests"]["cases"]}
+    assert features["test_gpu_per_tensor_batched_and_vmapped[vmapped]"] == {"block_scaled_dot.cublaslt": "per_tensor"}
+    assert features["test_gpu_cublaslt_fp8_blockwise_ragged_and_batched[1x128]"] == {
+        "block_scaled_dot.cublaslt": "fp8_blockwise"}
+    result["device"]["compute_cap"] = "9.0"  # no nvidia-smi here
+    (entry,) = verified.build_record({"r.json": result})["entries"]
+    verdicts = {f: (t["passed"], t["failed"], t["verified"]) for f, t in entry["features"].items()}
+    assert verdicts == {"fp8_blockwise": (2, 0, True), "per_tensor": (1, 0, True), "per_tensor_batched": (0, 2, False)}
+    md = js.with_suffix(".md").read_text()
+    assert "| block_scaled_dot.cublaslt | per_tensor_batched | 0 | 2 |" in md

@@ -88,7 +88,8 @@ CUDNN_GATES = pytest.mark.gates("blackwell", "cudnn_block_scale", "cudnn_dot_bui
 
 
 @pytest.mark.gpu
-@pytest.mark.verifies("block_scaled_dot.cudnn")
+@pytest.mark.verifies("block_scaled_dot.cudnn", feature="mxfp8", fmt=gx.MXFP8_E4M3)
+@pytest.mark.verifies("block_scaled_dot.cudnn", feature="nvfp4", fmt=gx.NVFP4)
 @CUDNN_GATES
 @pytest.mark.parametrize("fmt", [gx.MXFP8_E4M3, gx.NVFP4], ids=["mxfp8", "nvfp4"])
 @pytest.mark.parametrize("m,n,k", [(256, 512, 1024), (200, 72, 384)], ids=["aligned", "ragged-mn"])
@@ -105,7 +106,7 @@ def test_gpu_matches_reference(fmt, m, n, k, out):
 
 
 @pytest.mark.gpu
-@pytest.mark.verifies("block_scaled_dot.cudnn")
+@pytest.mark.verifies("block_scaled_dot.cudnn", feature="mxfp8")
 @CUDNN_GATES
 def test_gpu_batched_mixed_mx():
     lhs = gx.quantize(rand(12, (3, 128, 256)), gx.MXFP8_E4M3)
@@ -118,7 +119,7 @@ def test_gpu_batched_mixed_mx():
 
 
 @pytest.mark.gpu
-@pytest.mark.verifies("block_scaled_dot.cudnn")
+@pytest.mark.verifies("block_scaled_dot.cudnn", feature="nvfp4")
 @CUDNN_GATES
 def test_gpu_nvfp4_global_scale_applied_once():
     """Fused (cuDNN >= 9.13) or multiplied afterwards, the global scales must apply exactly once."""

@@ -193,10 +193,14 @@ def _bsa_case(name):
 def test_block_scaled_dot_several_contracting_dims_matches_float64(name):
     lhs, rhs, dn = _bsa_case(name)
     want, mag = np_block_scaled_dot(lhs, rhs, dn)
+    k = dot_common._problem(lhs, rhs, dn, jnp.dtype(jnp.float32)).bmnk[3]
     for backend in ("reference", "xla"):
         y = jax.jit(lambda a, b: gx.block_scaled_dot(a, b, dn, backend=backend))(lhs, rhs)
         assert y.dtype == jnp.float32
-        _close(y, want, mag, rtol=2e-6 if backend == "reference" else 1e-5)
+        rtol = 2e-6 if backend == "reference" else 1e-5
+        if backend == "xla" and name.startswith("fp8_block"):  # bf16-rounded operands (docs/formats.md, issue 33)
+            rtol = 2.0 ** -8 + 2.0 ** -17 + 1.01 * (k + 2) * 2.0 ** -24
+        _close(y, want, mag, rtol=rtol)
 
 
 def _np_canonical_dequant(data, scale, info):

@@ -26,6 +26,7 @@ from jax_gpuext.common import extension as _ext
 from jax_gpuext.dot import common as dot_common
 from jax_gpuext.dot import hopper_mx
 
+pytestmark = pytest.mark.isolated(only="gpu")  # GPU tests in child processes: a trap fails only its test (tests/_isolation.py)
 MX_E4M3, MX_E5M2, NVFP4 = formats.MXFP8_E4M3, formats.MXFP8_E5M2, formats.NVFP4
 DN_BATCHED = (((2,), (2,)), ((0,), (0,)))
 
@@ -94,6 +95,10 @@ FORMAT_PAIRS = [(MX_E4M3, MX_E4M3), (MX_E5M2, MX_E5M2), (MX_E4M3, MX_E5M2), (NVF
 
 @pytest.mark.gpu
 @pytest.mark.verifies("block_scaled_dot.hopper_mx")
+@pytest.mark.verifies("block_scaled_dot.hopper_mx", feature="mxfp8", fmts=(MX_E4M3, MX_E4M3))
+@pytest.mark.verifies("block_scaled_dot.hopper_mx", feature="mxfp8", fmts=(MX_E5M2, MX_E5M2))
+@pytest.mark.verifies("block_scaled_dot.hopper_mx", feature="mxfp8", fmts=(MX_E4M3, MX_E5M2))
+@pytest.mark.verifies("block_scaled_dot.hopper_mx", feature="nvfp4", fmts=(NVFP4, NVFP4))
 @pytest.mark.gates("hopper")
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("fmts", FORMAT_PAIRS, ids=lambda f: f"{f[0].name}-{f[1].name}")
@@ -115,7 +120,7 @@ def test_matches_float64_reference(shape, fmts):
 
 
 @pytest.mark.gpu
-@pytest.mark.verifies("block_scaled_dot.hopper_mx")
+@pytest.mark.verifies("block_scaled_dot.hopper_mx", feature="mxfp8")
 @pytest.mark.gates("hopper")
 @pytest.mark.parametrize("out_dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
 @pytest.mark.parametrize("config", sorted(hopper_mx.TILE_CONFIGS))

@@ -40,7 +40,8 @@ MX_ELEM = {"MXFP8_E4M3": npref.E4M3, "MXFP8_E5M2": npref.E5M2, "MXFP4": npref.E2
 def random_blocks(seed, nblocks, block_shape, dtype):
     """nblocks blocks of block_shape, each with its own binary exponent spanning the dtype's range
     (subnormal blocks included), elements spread over 2**-12 .. 2**0 of it, plus special blocks:
-    all zero, largest finite, -largest finite, NaN, +Inf, -Inf, subnormals mixed with zeros."""
+    all zero, largest finite, -largest finite, NaN, +Inf, -Inf, subnormals mixed with zeros (as
+    many of those seven as there are blocks: a call for 2 large tiles gets the first two)."""
     rng = np.random.default_rng(seed)
     fi = ml_dtypes.finfo(dtype)
     lo, hi = int(np.log2(float(fi.smallest_subnormal))) - 2, int(np.log2(float(fi.max))) + 1
@@ -50,11 +51,14 @@ def random_blocks(seed, nblocks, block_shape, dtype):
     x = np.clip(np.ldexp(v, exps), -float(fi.max), float(fi.max))
     specials = {0: 0.0, 1: float(fi.max), 2: -float(fi.max), 3: np.nan, 4: np.inf, 5: -np.inf}
     for i, val in specials.items():
+        if i >= nblocks:
+            break
         if i < 3:
             x[i] = val
         else:
             x[i, rng.integers(n)] = val
-    x[6] = np.where(rng.random(n) < 0.5, 0.0, rng.integers(-5, 6, n) * float(fi.smallest_subnormal))
+    if nblocks > 6:
+        x[6] = np.where(rng.random(n) < 0.5, 0.0, rng.integers(-5, 6, n) * float(fi.smallest_subnormal))
     x = x.astype(dtype)
     return x.reshape((nblocks,) + tuple(block_shape))
 
@@ -306,6 +310,19 @@ def test_ocp_rounding_bit_exact(fmt):
         q = quantizer(fmt, backend, rounding="ocp")(x)
         assert_bits_equal(q.data, elem_bits(values, fmt), f"{fmt.name} {backend} ocp data")
         assert_bits_equal(q.scale, scale_bits(scale, fmt), f"{fmt.name} {backend} ocp scale")
+
+
+@pytest.mark.parametrize("backend", ["cpu", "xla"])
+@pytest.mark.parametrize("nblocks", [1, 2, 7], ids=["1", "2", "7"])
+def test_fp8_128x128_few_large_tiles_bit_exact(nblocks, backend):
+    """A few large, ragged FP8_128x128 inputs, the shape of the GPU test's ragged-tile cases (the
+    first GPU run's IndexError: the input helper assumed at least seven blocks)."""
+    x = random_blocks(14, nblocks, (300, 260), ml_dtypes.bfloat16)
+    assert x.shape == (nblocks, 300, 260)
+    got = quantizer(gx.FP8_128x128, backend)(x)
+    want = quantizer(gx.FP8_128x128, "reference")(x)
+    assert_bits_equal(got.data, as_bits(np.asarray(want.data)), f"FP8_128x128 {backend} data")
+    assert_bits_equal(got.scale, as_bits(np.asarray(want.scale)), f"FP8_128x128 {backend} scale")
 
 
 @pytest.mark.parametrize("fmt,rounding", FORMAT_ROUNDINGS, ids=FR_IDS)

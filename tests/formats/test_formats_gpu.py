@@ -29,6 +29,7 @@ def test_float4_buffer_layout():
     print(layout.describe())  # the results file keeps it
 
 
+@pytest.mark.verifies("formats.cuda", feature="{fmt.name}")
 @pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16", "float16"])
 def test_cuda_matches_reference_bit_for_bit(fmt, dtype):
@@ -42,8 +43,8 @@ def test_cuda_matches_reference_bit_for_bit(fmt, dtype):
         # (bytes % 4) bytes come from QuantizeStridedFp4Tail instead of word atomics
         cases.append((jax.device_put(np.asarray(random_blocks(19, 301, (fmt.block[0] + 5,), dtype)).T, dev), 0))
     else:  # ragged tiles: N % 8 != 0 (one element per thread) and N % 8 == 0 (8 per thread)
-        cases.append((jax.device_put(np.asarray(random_blocks(14, 2, (300, 260), dtype)), dev), -1))
-        cases.append((jax.device_put(np.asarray(random_blocks(18, 2, (200, 264), dtype)), dev), -1))
+        cases.append((jax.device_put(np.asarray(random_blocks(14, 8, (300, 260), dtype)), dev), -1))
+        cases.append((jax.device_put(np.asarray(random_blocks(18, 8, (200, 264), dtype)), dev), -1))
     for xi, axis in cases:
         got = jax.jit(lambda v: gx.quantize(v, fmt, axis=axis, backend="cuda"))(xi)
         want = jax.jit(lambda v: gx.quantize(v, fmt, axis=axis, backend="reference"))(xi)
@@ -65,6 +66,7 @@ def test_cuda_vmap_and_hlo():
         assert_bits_equal(got.scale[i], as_bits(np.asarray(want[i].scale)), "vmap NVFP4 scale")
 
 
+@pytest.mark.verifies("formats.cuda", feature="FP8_TENSOR")
 @pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16", "float16"])
 def test_cuda_per_tensor_matches_reference(dtype):
     """FP8_TENSOR's three kernels (amax, quantize, finalize): vectorized (K % 8 == 0) and scalar
@@ -86,3 +88,94 @@ def test_cuda_per_tensor_matches_reference(dtype):
         y = jax.jit(jax.vmap(lambda q: gx.dequantize(q, jnp.bfloat16, backend="cuda")))(want)
         y_ref = jax.jit(jax.vmap(lambda q: gx.dequantize(q, jnp.bfloat16, backend="reference")))(want)
         assert_bits_equal(y, as_bits(np.asarray(y_ref)), f"FP8_TENSOR cuda dequantize {x.shape}")
+
+
+# --------------------------------------------------------------------------- issue 35: the vector kernels
+from test_formats import sweep_blocks  # noqa: E402
+
+ALL_FORMATS = list(formats.FORMATS.values())
+FORMAT_ROUNDINGS_GPU = [(f, None) for f in ALL_FORMATS] + [(gx.NVFP4, "up")]
+
+
+def _quantize(fmt, backend, axis=-1, rounding=None):
+    return jax.jit(lambda v: gx.quantize(v, fmt, axis=axis, scale_rounding=rounding, backend=backend))
+
+
+def _same_quantized(got, want, what):
+    assert_bits_equal(got.data, as_bits(np.asarray(want.data)), f"{what} data")
+    assert_bits_equal(got.scale, as_bits(np.asarray(want.scale)), f"{what} scale")
+
+
+@pytest.mark.parametrize("fmt,rounding", FORMAT_ROUNDINGS_GPU,
+                         ids=[f.name + ("-up" if r else "") for f, r in FORMAT_ROUNDINGS_GPU])
+@pytest.mark.parametrize("top", [1.0, 3.0 * 2.0 ** -100, 1.5 * 2.0 ** 100, 448.0], ids=["1", "3e-100", "1.5e100", "448"])
+def test_cuda_every_bf16_value_bit_exact(fmt, rounding, top):
+    """Every bf16 value up to a block's amax through the vector kernels (the hardware E4M3 / E5M2
+    conversions, the exact division by the block reciprocal, E2M1 by one add, NVFP4's thresholds):
+    along the last axis (row kernel), down the columns (column kernel, also through the fused both-axes
+    kernel), and dequantized to bf16, f16 and f32 -- against the reference bit for bit."""
+    dev = jax.devices("cuda")[0]
+    b = 32 if fmt.per_tensor else (128 if len(fmt.block) == 2 else fmt.block[0])
+    x = sweep_blocks(top, b)  # rows of b values, each holding `top`
+    x = x[: (len(x) // 16) * 16]
+    cases = [(x, -1), (np.ascontiguousarray(x.T), -2)]
+    if len(fmt.block) == 2:
+        cases = [(x, -1), (np.ascontiguousarray(x.reshape(-1, 256)), -1)]
+    for arr, axis in cases:
+        xd = jax.device_put(arr, dev)
+        got = _quantize(fmt, "cuda", axis, rounding)(xd)
+        want = _quantize(fmt, "reference", axis, rounding)(xd)
+        _same_quantized(got, want, f"{fmt.name} top={top} axis={axis}")
+        if len(fmt.block) != 2 and not fmt.per_tensor:
+            pair = jax.jit(lambda v: gx.quantize_both_axes(v, fmt, scale_rounding=rounding, backend="cuda"))(xd)
+            _same_quantized(pair[0], _quantize(fmt, "reference", -1, rounding)(xd), f"{fmt.name} both axes, -1")
+            _same_quantized(pair[1], _quantize(fmt, "reference", -2, rounding)(xd), f"{fmt.name} both axes, -2")
+        for out in (jnp.float32, jnp.bfloat16, jnp.float16):
+            y = jax.jit(lambda q: gx.dequantize(q, out, backend="cuda"))(want)
+            y_ref = jax.jit(lambda q: gx.dequantize(q, out, backend="reference"))(want)
+            assert_bits_equal(y, as_bits(np.asarray(y_ref)), f"{fmt.name} top={top} axis={axis} dequantize {out}")
+
+
+@pytest.mark.parametrize("fmt", ALL_FORMATS, ids=[f.name for f in ALL_FORMATS])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16", "float16"])
+def test_cuda_vector_layouts_bit_exact(fmt, dtype):
+    """Shapes that take each kernel: whole blocks, rows with a partial last block (K % 16 == 0, K % 32
+    != 0: the row kernel's padded lane groups), columns with partial blocks, ragged tiles, a batch
+    dim, and shapes the vector kernels refuse (the generic kernels); random_blocks' specials."""
+    dev = jax.devices("cuda")[0]
+    rng = np.random.default_rng(35)
+    shapes = [(64, 256), (40, 48), (3, 33, 144), (3, 40, 320), (130, 208), (16, 100), (2, 300, 272)]
+    for shape in shapes:
+        n = int(np.prod(shape))
+        x = random_blocks(int(rng.integers(1 << 30)), n // 16, (16,), dtype).reshape(shape)
+        xd = jax.device_put(x, dev)
+        axes = [-1] if len(fmt.block) == 2 else [-1, -2]
+        for axis in axes:
+            got = _quantize(fmt, "cuda", axis)(xd)
+            want = _quantize(fmt, "reference", axis)(xd)
+            _same_quantized(got, want, f"{fmt.name} {shape} axis={axis}")
+            for out in (jnp.float32, jnp.bfloat16, jnp.float16):
+                y = jax.jit(lambda q: gx.dequantize(q, out, backend="cuda"))(want)
+                y_ref = jax.jit(lambda q: gx.dequantize(q, out, backend="reference"))(want)
+                assert_bits_equal(y, as_bits(np.asarray(y_ref)), f"{fmt.name} {shape} axis={axis} dequantize {out}")
+        if len(fmt.block) != 2:
+            f = jax.jit(lambda v: gx.quantize_both_axes(v, fmt, backend="cuda"))
+            if not fmt.per_tensor:
+                assert "gpuext_quantize_both_axes" in f.lower(xd).as_text()
+            q_last, q_second = f(xd)
+            _same_quantized(q_last, _quantize(fmt, "reference", -1)(xd), f"{fmt.name} {shape} both, -1")
+            _same_quantized(q_second, _quantize(fmt, "reference", -2)(xd), f"{fmt.name} {shape} both, -2")
+
+
+def test_cuda_quantize_both_axes_vmap_nvfp4_global_scales():
+    """vmap gives each example its own NVFP4 global scale: the fused kernel reads example o's."""
+    dev = jax.devices("cuda")[0]
+    x = np.random.default_rng(36).standard_normal((3, 64, 128)).astype(np.float32)
+    x[1] *= 1e4
+    xd = jax.device_put(x, dev)
+    got = jax.jit(jax.vmap(lambda v: gx.quantize_both_axes(v, gx.NVFP4, backend="cuda")))(xd)
+    for i in range(3):
+        for k, axis in ((0, -1), (1, -2)):
+            want = gx.quantize(x[i], gx.NVFP4, axis=axis, backend="reference")
+            assert_bits_equal(got[k].data[i], as_bits(np.asarray(want.data)), f"vmap NVFP4 {i} axis {axis} data")
+            assert_bits_equal(got[k].scale[i], as_bits(np.asarray(want.scale)), f"vmap NVFP4 {i} axis {axis} scale")

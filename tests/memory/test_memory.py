@@ -239,6 +239,143 @@ def test_below_gate_warns_and_drops(closed_gate, caplog):
     assert any("ignored" in n for n in sel.notes), str(ex)
 
 
+# --------------------------------------------------------------------------- TEMP memory (issue 33)
+@pytest.fixture
+def gpu_without_temp_allocator(monkeypatch):
+    """A CUDA machine whose GPU client has no allocator for space 2 (what the H200 run had)."""
+    real = gates.check
+    answers = {"cuda_device": gates.GateResult(True, "1 x H200 (monkeypatched)"),
+               memory.TEMP_GATE: gates.GateResult(False, "JAX's GPU client has no allocator for memory space 2 "
+                                                         "(TEMP): start the process with XLA_FLAGS="
+                                                         + memory.TEMP_FLAG + " (monkeypatched)")}
+    monkeypatch.setattr(gates, "check", lambda name: answers[name] if name in answers else real(name))
+    memory._warned.clear()
+    with backends.platform("cuda"):
+        yield
+
+
+@needs_memory_spaces
+def test_temp_is_refused_at_trace_time_where_the_client_cannot_allocate_it(gpu_without_temp_allocator):
+    """On the H200, place(x, TEMP) compiled and then failed at every run ("No allocator found in
+    MultiDeviceAdapter for device ordinal 0 and memory space 2"). Now: strict and backend="custom_call"
+    raise at trace time naming the gate and the flag."""
+    x = jnp.ones(4, jnp.float32)
+    with pytest.raises(UnsupportedError, match=r"gpu_temp_memory_space.*xla_gpu_temp_buffer_use_separate_color"):
+        jax.make_jaxpr(lambda x: place(x, MemorySpace.TEMP, strict=True))(x)
+    with pytest.raises(UnsupportedError, match=r"backend 'custom_call' cannot run here.*gpu_temp_memory_space"):
+        jax.make_jaxpr(lambda x: place(x, MemorySpace.TEMP, backend="custom_call"))(x)
+    with pytest.raises(UnsupportedError) as e:
+        _lower(lambda x: _fake_call(x, x, result_spaces={0: MemorySpace.TEMP}, strict=True), x)
+    assert e.value.gate == memory.TEMP_GATE
+
+
+@needs_memory_spaces
+def test_temp_is_dropped_loudly_and_the_rest_kept(gpu_without_temp_allocator, caplog):
+    """Not strict: the TEMP requests leave the CUDA lowering (with a warning and an explain note),
+    COLLECTIVE requests of the same call stay, values are unchanged."""
+    x = jnp.arange(4, dtype=jnp.float32)
+    with caplog.at_level(logging.WARNING, logger="jax_gpuext"):
+        text = _lower(lambda x, y: _fake_call(x, y, operand_spaces={1: MemorySpace.TEMP},
+                                              result_spaces={0: MemorySpace.COLLECTIVE, 1: MemorySpace.TEMP}), x, x)
+    (call,) = _calls(text, "gpuext_test_only")
+    assert 'results_memory_spaces = "{0:1}"' in call and "operands_memory_spaces" not in call, call
+    assert any("TEMP requests" in r.getMessage() and memory.TEMP_GATE in r.getMessage() for r in caplog.records)
+    (placed,) = _calls(_lower(lambda x: place(x, MemorySpace.TEMP), x), "gpuext_place")
+    assert "memory_spaces" not in placed
+    (collective,) = _calls(_lower(lambda x: place(x, MemorySpace.COLLECTIVE), x), "gpuext_place")
+    assert 'results_memory_spaces = "{0:1}"' in collective
+    (sel,) = jax_gpuext.explain(lambda x: place(x, MemorySpace.TEMP), x, platform="cuda").calls
+    assert sel.chosen == "identity" and any(memory.TEMP_GATE in why for _, why in sel.rejected), str(sel)
+    assert any("TEMP requests" in n for n in sel.notes), str(sel)
+
+
+@needs_memory_spaces
+def test_all_reduce_temp_spaces_follow_the_gate(gpu_without_temp_allocator, monkeypatch):
+    """all_reduce's operand/result spaces go through the same check (its custom call would fail
+    at run time the same way)."""
+    import importlib
+
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from jax_gpuext.collectives import distributed
+
+    ar = importlib.import_module("jax_gpuext.collectives.all_reduce")
+    monkeypatch.setattr(ar, "_cuda_kernel_checks", lambda p: gates.GateResult(True, "test: lowering only"))
+    monkeypatch.setattr(distributed, "ensure_initialized", lambda: None)
+    monkeypatch.setattr(distributed, "workspace_bytes", lambda: 1 << 20)
+    mesh = jax.make_mesh((2,), ("i",), devices=jax.devices()[:2])
+    x = jax.ShapeDtypeStruct((8,), jnp.float32, sharding=NamedSharding(mesh, P("i")))
+
+    def lowered(**kw):
+        f = jax.jit(jax.shard_map(lambda v: jax_gpuext.all_reduce(v, "i", algorithm="one_shot", **kw), mesh=mesh,
+                                  in_specs=P("i"), out_specs=P("i"), check_vma=False))
+        return f.trace(x).lower(lowering_platforms=("cuda",)).as_text()
+
+    (call,) = _calls(lowered(operand_spaces={0: MemorySpace.COLLECTIVE}, result_spaces={0: MemorySpace.TEMP}),
+                     "gpuext_all_reduce")
+    assert 'operands_memory_spaces = "{0:1}"' in call and "results_memory_spaces" not in call, call
+    with pytest.raises(UnsupportedError, match="gpu_temp_memory_space"):
+        lowered(result_spaces={0: MemorySpace.TEMP}, strict_spaces=True)
+
+
+@needs_memory_spaces
+def test_temp_request_is_kept_where_no_gpu_client_can_be_asked(monkeypatch):
+    """Lowering for CUDA ahead of time on a host without a GPU (or explain(platform="cuda") there)
+    keeps TEMP: the machine that will run it is not this one, so the gate is not consulted."""
+    real = gates.check
+
+    def check(name):
+        assert name != memory.TEMP_GATE, "the TEMP gate was consulted without a GPU client"
+        return gates.GateResult(False, "no CUDA device (monkeypatched)") if name == "cuda_device" else real(name)
+
+    monkeypatch.setattr(gates, "check", check)
+    x = jnp.ones(4, jnp.float32)
+    (call,) = _calls(_lower(lambda x: place(x, MemorySpace.TEMP), x), "gpuext_place")
+    assert 'results_memory_spaces = "{0:2}"' in call
+    with backends.platform("cuda"):
+        (call,) = _calls(_lower(lambda x: place(x, MemorySpace.TEMP, strict=True), x), "gpuext_place")
+    assert 'results_memory_spaces = "{0:2}"' in call
+
+
+def test_temp_gate_reads_the_probe(monkeypatch):
+    """The gate runs a program with a buffer in TEMP memory (memory.probe_space) and says what to do
+    when the client has no allocator: set the flag before the process starts."""
+    gate = gates.GATES[memory.TEMP_GATE].check.__wrapped__  # uncached
+    monkeypatch.setattr(gates, "check_all", lambda names: gates.GateResult(True, "monkeypatched"))
+    no_allocator = ("JaxRuntimeError: INTERNAL: No allocator found in MultiDeviceAdapter for device ordinal 0 and "
+                    "memory space 2 [executable_name='jit_copy']")
+    monkeypatch.setattr(memory, "probe_space", lambda space: no_allocator)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    r = gate()
+    assert not r.supported and f"start the process with XLA_FLAGS={memory.TEMP_FLAG}" in r.reason
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_temp_buffer_use_separate_color=true")
+    assert "was not there when JAX created its GPU client" in gate().reason
+    monkeypatch.setattr(memory, "probe_space", lambda space: "XlaRuntimeError: something else")
+    r = gate()
+    assert not r.supported and "something else" in r.reason
+    monkeypatch.setattr(memory, "probe_space", lambda space: None)
+    assert gate().supported
+
+
+def test_probe_runs_now_even_inside_a_trace(monkeypatch):
+    """memory.probe_space compiles and runs its copy at once, also when a gate asks while another
+    function is being traced (here on the CPU device, through the CPU handler: a DEVICE copy has no
+    annotation; TEMP cannot lower for CPU and says so)."""
+    real = jax.devices
+    monkeypatch.setattr(jax, "devices", lambda *a, **k: real("cpu") if a and a[0] == "cuda" else real(*a, **k))
+    seen = []
+
+    def f(x):
+        seen.append((memory.probe_space(MemorySpace.DEVICE), memory.probe_space(MemorySpace.TEMP)))
+        return x + 1
+
+    np.testing.assert_array_equal(jax.jit(f)(jnp.ones(3)), np.full(3, 2.0))
+    np.testing.assert_array_equal(jax.jit(jax.vmap(f))(jnp.ones((2, 3))), np.full((2, 3), 2.0))
+    for device, temp in seen:
+        assert device is None
+        assert temp is not None and "cannot be honoured when lowering for cpu" in temp
+
+
 @needs_memory_spaces
 def test_explain_per_platform():
     x = jnp.ones(4, jnp.float32)
@@ -270,9 +407,50 @@ def _compiled_place_lines(f, *args, **jit_kw) -> list[str]:
 def test_gpu_compiled_hlo_has_memory_space(space, tag):
     x = jnp.arange(1024, dtype=jnp.float32)
     f = lambda x: place(x * 2, space) + 1  # noqa: E731
+    if space == MemorySpace.TEMP and not gates.check(memory.TEMP_GATE).supported:
+        # This process's GPU client has no TEMP allocator (the GPU run does not start pytest with
+        # the flag; test_gpu_temp_space_runs_with_the_flag does): refused at trace time when strict,
+        # dropped otherwise, and the program runs (it failed at every run on the H200, issue 33).
+        with pytest.raises(UnsupportedError, match=memory.TEMP_GATE):
+            jax.jit(lambda x: place(x * 2, space, strict=True, backend="custom_call")).lower(x)
+        assert not any(tag in l.split("custom-call(")[0] for l in _compiled_place_lines(f, x))
+        np.testing.assert_array_equal(jax.jit(f)(x), x * 2 + 1)
+        return
     lines = _compiled_place_lines(f, x)
     assert lines and all(tag in l.split("custom-call(")[0] for l in lines), lines
     np.testing.assert_array_equal(jax.jit(f)(x), x * 2 + 1)
+
+
+@pytest.mark.verifies("place.custom_call")
+@pytest.mark.gpu
+@needs_memory_spaces
+def test_gpu_temp_space_runs_with_the_flag():
+    """The supported TEMP case: a process started with XLA_FLAGS=--xla_gpu_temp_buffer_use_separate_color
+    =true has the allocator (the flag is read when JAX creates its GPU client, hence a child process):
+    the gate opens, the compiled HLO places the result in S(2) and the program runs."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent('''
+        import jax, jax.numpy as jnp, numpy as np
+        from jax_gpuext.common import gates
+        from jax_gpuext.memory import MemorySpace, place, spaces
+        r = gates.check(spaces.TEMP_GATE)
+        assert r.supported, r.reason
+        x = jnp.arange(1024, dtype=jnp.float32)
+        f = lambda x: place(x * 2, MemorySpace.TEMP, strict=True, backend="custom_call") + 1
+        text = jax.jit(f).lower(x).compile().as_text()
+        lines = [l for l in text.splitlines() if 'custom_call_target="gpuext_place"' in l]
+        assert lines and all("S(2)" in l.split("custom-call(")[0] for l in lines), lines
+        np.testing.assert_array_equal(np.asarray(jax.jit(f)(x)), np.asarray(x) * 2 + 1)
+        print("TEMP OK:", r.reason)
+    ''')
+    env = {**os.environ, "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " " + memory.TEMP_FLAG).strip()}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, env=env,
+                       cwd=os.path.dirname(sys.executable))  # not the source tree: the installed package
+    assert p.returncode == 0 and "TEMP OK" in p.stdout, f"exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
 
 
 @pytest.mark.verifies("place.custom_call")
@@ -291,22 +469,23 @@ def test_gpu_slice_producer_keeps_collective_space():
 @pytest.mark.gpu
 @needs_memory_spaces
 def test_gpu_place_in_command_buffer():
-    # The handler claims kCmdBufferCompatible: run it where XLA may capture it in a graph.
+    """The handler claims kCmdBufferCompatible: XLA records its six calls into a CUDA graph once
+    and replays them without calling it (tests/_command_buffer.py counts the handler's runs),
+    every replay giving the right answer."""
+    import _command_buffer as cb
+
     x = jnp.arange(2048, dtype=jnp.float32)
+    sites = 6
 
     def f(x):
-        for _ in range(6):  # enough ops to pass --xla_gpu_graph_min_graph_size
+        for _ in range(sites):  # enough ops to pass --xla_gpu_graph_min_graph_size
             x = place(jnp.sin(x), MemorySpace.COLLECTIVE)
         return x
 
-    opts = {"xla_gpu_enable_command_buffer": "FUSION,CUSTOM_CALL", "xla_gpu_graph_min_graph_size": 1}
-    g = jax.jit(f, compiler_options=opts)
+    g = jax.jit(f, compiler_options=cb.options("FUSION,CUSTOM_CALL"))
     want = jax.jit(lambda x: jnp.sin(jnp.sin(jnp.sin(jnp.sin(jnp.sin(jnp.sin(x)))))))(x)
-    for _ in range(3):  # replays of the recorded graph
-        np.testing.assert_allclose(g(x), want, rtol=1e-6)
-    from _hlo import custom_calls_in_command_buffers
-
-    assert "gpuext_place" in custom_calls_in_command_buffers(g.lower(x).compile().as_text())
+    counts = cb.run_counted(g, (x,), "gpuext_place", check=lambda y: np.testing.assert_allclose(y, want, rtol=1e-6))
+    cb.assert_captured(counts, cb.RUNS, sites=sites)
 
 
 @pytest.mark.gpu

@@ -199,8 +199,8 @@ def test_ragged_contract_operand_layouts(backend):
 
 # --------------------------------------------------------------------------- transformations, lowering
 def test_vmap_over_a_leading_batch_matches_a_loop():
-    """vmap over tokens and group sizes, weights shared (the xla backend folds the batch into one
-    ragged dot)."""
+    """vmap over tokens and group sizes, weights shared (jax's batching rules batch the xla
+    backend's tile table, gathers and dots)."""
     xs = rand(17, (3, M, K))
     sizes = jnp.asarray(np.stack([SIZES, np.roll(SIZES, 1), np.roll(SIZES, 2)]))
     qw = gx.quantize(rand(18, (G, K, N)), gx.FP8_128x128)
@@ -221,9 +221,11 @@ def close(a, b):
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-6 * np.abs(b).max() * K ** 0.5)
 
 
-def test_xla_lowering_for_cuda_is_xla_ragged_dot_without_host_work():
-    """What auto runs on a GPU (until our kernels are verified) lowers to XLA's ragged dot: no
-    custom call, no host callback; group sizes stay an operand of the device computation."""
+def test_xla_lowering_for_cuda_is_xla_ops_without_host_work():
+    """What auto runs on a GPU (until our kernels are verified) lowers to XLA's own ops, never to
+    its ragged dot (which XLA expands to a dot over all groups, G times the work: issue 36): no
+    custom call, no host callback; group sizes stay an operand of the device computation. (The
+    dots it holds: tests/ragged_dot/test_ragged_dot_xla_tiles.py.)"""
     from jax_gpuext.common import backends
 
     qx = gx.quantize(rand(20, (M, K)), gx.FP8_1x128)
@@ -232,10 +234,8 @@ def test_xla_lowering_for_cuda_is_xla_ragged_dot_without_host_work():
     with backends.platform("cuda"):
         exp = jax_export.export(f, platforms=["cuda"])(qx, qw, jnp.asarray(SIZES))
     text = exp.mlir_module()
-    assert "chlo.ragged_dot" in text
-    # jax 0.7 serializes the CHLO op as a custom call named after it; nothing else may be one
-    assert set(re.findall(r"custom_call @([\w.]+)", text)) <= {"chlo.ragged_dot"}
-    for forbidden in ("callback", "infeed", "outfeed", "send", "recv"):
+    assert "chlo.ragged_dot" not in text and not re.findall(r"custom_call @([\w.]+)", text)
+    for forbidden in ("callback", "infeed", "outfeed", "stablehlo.send", "stablehlo.recv"):
         assert forbidden not in text, forbidden
     cpu = f.lower(qx, qw, jnp.asarray(SIZES)).as_text()
     for forbidden in ("custom_call", "callback", "infeed", "outfeed"):

@@ -105,7 +105,7 @@ def _run(lhs, rhs, sizes, p, row_align, **jit_kw):
     f = jax.jit(lambda a, b, s: cublaslt.impl(a, b, s, p, row_align=row_align), **jit_kw)
     return f, f(lhs, rhs, sizes)
 
-@pytest.mark.verifies("ragged_dot.cublaslt")
+@pytest.mark.verifies("ragged_dot.cublaslt", feature="fp8_blockwise")
 @pytest.mark.gpu
 @pytest.mark.gates(*GPU_GATES)
 @pytest.mark.parametrize("row_align", cublaslt.ROW_ALIGNS)
@@ -121,7 +121,7 @@ def test_gpu_matches_f64(case, row_align):
 
 
 
-@pytest.mark.verifies("ragged_dot.cublaslt")
+@pytest.mark.verifies("ragged_dot.cublaslt", feature="fp8_blockwise")
 @pytest.mark.gpu
 @pytest.mark.gates(*GPU_GATES)
 @pytest.mark.parametrize("out_dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
@@ -155,7 +155,7 @@ def test_gpu_group_sizes_out_of_range_stay_in_bounds(row_align):
 
 
 
-@pytest.mark.verifies("ragged_dot.cublaslt")
+@pytest.mark.verifies("ragged_dot.cublaslt", feature="command_buffer")
 @pytest.mark.gpu
 @pytest.mark.gates(*GPU_GATES)
 @pytest.mark.parametrize("command_buffer", ["", "CUSTOM_CALL"])

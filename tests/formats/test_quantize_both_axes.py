@@ -1,0 +1,111 @@
+"""quantize_both_axes == (quantize(axis=-1), quantize(axis=-2)) bit for bit on the CPU backends (the
+CUDA fused kernel: test_formats_gpu.py), with NVFP4's global scale shared, under jit and vmap; its
+errors are quantize's."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import jax_gpuext as gx
+from jax_gpuext import formats
+from test_formats import BACKENDS, DTYPES, as_bits, assert_bits_equal, random_blocks
+
+ONE_D = [f for f in formats.FORMATS.values() if len(f.block) != 2]  # FP8_128x128 has no axis -2
+
+
+@functools.cache
+def both(fmt, backend, rounding=None):
+    return jax.jit(lambda x: gx.quantize_both_axes(x, fmt, scale_rounding=rounding, backend=backend))
+
+
+@functools.cache
+def single(fmt, backend, axis, rounding=None):
+    return jax.jit(lambda x: gx.quantize(x, fmt, axis=axis, scale_rounding=rounding, backend=backend))
+
+
+def assert_same(got, want, what):
+    assert got.axis == want.axis and got.format is want.format, what
+    assert_bits_equal(got.data, as_bits(np.asarray(want.data)), f"{what} data")
+    assert_bits_equal(got.scale, as_bits(np.asarray(want.scale)), f"{what} scale")
+    if want.global_scale is not None:
+        assert as_bits(np.asarray(got.global_scale)) == as_bits(np.asarray(want.global_scale)), what
+
+
+def inputs(dtype):
+    """random_blocks' specials (NaN, Inf, zero, subnormal blocks) spread across rows and columns, and
+    a batch dim with partial blocks both ways (33 rows, 200 columns: no block length divides either)."""
+    rng = np.random.default_rng(3)
+    return [random_blocks(5, 12, (256,), dtype).reshape(48, 64), (rng.standard_normal((2, 33, 200)) * 5).astype(dtype)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("fmt", ONE_D, ids=[f.name for f in ONE_D])
+def test_both_axes_equal_two_quantize_calls(fmt, dtype, backend):
+    for x in inputs(dtype):
+        q_last, q_second = both(fmt, backend)(x)
+        assert_same(q_last, single(fmt, backend, -1)(x), f"{fmt.name} {backend} {x.shape} axis -1")
+        assert_same(q_second, single(fmt, backend, -2)(x), f"{fmt.name} {backend} {x.shape} axis -2")
+        # and the reference, so a backend cannot agree with itself only
+        assert_same(q_second, single(fmt, "reference", -2)(x), f"{fmt.name} {backend} {x.shape} vs reference")
+
+
+@pytest.mark.parametrize("rounding", ["up", "nearest"])
+def test_nvfp4_shares_one_global_scale(rounding):
+    x = (np.random.default_rng(4).standard_normal((64, 96)) * 7).astype(np.float32)
+    for backend in BACKENDS:
+        q_last, q_second = both(gx.NVFP4, backend, rounding)(x)
+        assert q_last.global_scale is not None
+        np.testing.assert_array_equal(as_bits(np.asarray(q_last.global_scale)), as_bits(np.asarray(q_second.global_scale)))
+        assert_same(q_second, single(gx.NVFP4, backend, -2, rounding)(x), f"NVFP4 {rounding} {backend}")
+    g = np.float32(0.02)
+    got = jax.jit(lambda v: gx.quantize_both_axes(v, gx.NVFP4, global_scale=g, backend="cpu"))(x)
+    want = jax.jit(lambda v: gx.quantize(v, gx.NVFP4, axis=-2, global_scale=g, backend="reference"))(x)
+    assert_same(got[1], want, "NVFP4 given global scale")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_vmap_equals_a_loop(backend):
+    x = np.random.default_rng(6).standard_normal((3, 40, 64)).astype(ml_dtypes.bfloat16)
+    x[1] *= 1000
+    for fmt in (gx.MXFP8_E4M3, gx.NVFP4, gx.FP8_TENSOR):
+        got = jax.jit(jax.vmap(lambda v: gx.quantize_both_axes(v, fmt, backend=backend)))(x)
+        for i in range(3):
+            for k, axis in ((0, -1), (1, -2)):
+                want = single(fmt, backend, axis)(x[i])
+                assert_bits_equal(got[k].data[i], as_bits(np.asarray(want.data)), f"{fmt.name} vmap {i} axis {axis}")
+                assert_bits_equal(got[k].scale[i], as_bits(np.asarray(want.scale)), f"{fmt.name} vmap {i} scale")
+
+
+def test_per_tensor_is_one_quantization_with_both_axes():
+    x = np.random.default_rng(7).standard_normal((3, 20, 24)).astype(np.float32)
+    a, b = gx.quantize_both_axes(x, gx.FP8_TENSOR, backend="cpu")
+    assert (a.axis, b.axis) == (-1, -2)
+    want = gx.quantize(x, gx.FP8_TENSOR, axis=-2, backend="reference")
+    assert_same(b, want, "FP8_TENSOR")
+    text = jax.jit(lambda v: gx.quantize_both_axes(v, gx.FP8_TENSOR, backend="cpu")).lower(x).as_text()
+    assert text.count("gpuext_quantize") == 1  # x is read once: one quantization
+
+
+def test_errors_are_quantizes():
+    x = jnp.ones((4, 64), jnp.float32)
+    with pytest.raises(ValueError, match="rank >= 2"):
+        gx.quantize_both_axes(jnp.ones(64), gx.MXFP8_E4M3)
+    with pytest.raises(ValueError, match="axis must be -1"):  # quantize(x, FP8_128x128, axis=-2) raises so
+        gx.quantize_both_axes(x, gx.FP8_128x128)
+    with pytest.raises(ValueError, match="axis must be -1"):
+        gx.quantize(x, gx.FP8_128x128, axis=-2)
+    with pytest.raises(TypeError, match="float32, bfloat16 or float16, got int32"):
+        gx.quantize_both_axes(jnp.ones((4, 64), jnp.int32), gx.MXFP8_E4M3)
+    with pytest.raises(ValueError, match="'nearest'.*NVFP4 only"):
+        gx.quantize_both_axes(x, gx.MXFP8_E4M3, scale_rounding="nearest")
+    with pytest.raises(TypeError, match="axis"):
+        gx.quantize_both_axes(x, gx.MXFP8_E4M3, axis=-1)  # both axes are the point: no axis argument
+    with pytest.raises(TypeError, match="not differentiable"):
+        jax.grad(lambda v: gx.quantize_both_axes(v, gx.MXFP8_E4M3)[1].data.astype(jnp.float32).sum())(x)
