@@ -107,7 +107,7 @@ def run_rank(out: str | None, rest: list[str]) -> int:
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     import jax_gpuext
-    from jax_gpuext import distributed
+    from jax_gpuext.collectives import distributed
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--max-bytes", type=int, default=256 << 20)

@@ -14,9 +14,10 @@ compares like with like; XLA's own FP8 GEMM (``xla_fp8_per_tensor``: the dequant
 pattern XLA rewrites to a scaled FP8 cuBLASLt call) is the per-tensor speed users get from XLA.
 
 Shapes: 8192^3, then LLM layers (Llama-3 8B and 70B MLPs at 8192 and 2048 tokens, one 128-token
-decode batch). Every cell is timed on the device (benchmarks/_devtime.py: the dot k times in one
-program). Programs compile one after another: XLA autotunes GEMMs on the device while it
-compiles, and autotuning two programs at once would time candidates against each other's kernels.
+decode batch). Every cell is timed on the device (benchmarks/_devtime.py: CUDA events around each
+call where the build has them, else the dot k times in one program; ``timing`` says which).
+Programs compile one after another: XLA autotunes GEMMs on the device while it compiles, and
+autotuning two programs at once would time candidates against each other's kernels.
 The quantized operands come from jitted quantizes, one compile per format and shape (the eager
 op-by-op quantize of the old table compiled every primitive of the xla path again per shape: most
 of the 141 s its full table spent before its bound). --time-limit stops before a shape or cell
@@ -191,15 +192,17 @@ def main(argv=None):
     deadline = _devtime.Deadline(args.time_limit)
     table = Table(timer, deadline, skip)
     rows = []
-    notes = ["TFLOP/s = 2*M*N*K / time, timed on the device (benchmarks/_devtime.py); quantization outside the "
-             "timed region, bf16 output"] + ([f"not timed: {', '.join(skip)}"] if skip else [])
+    notes = [f"TFLOP/s = 2*M*N*K / time, timed on the device (benchmarks/_devtime.py, timing {timer.method}); "
+             "quantization outside the timed region, bf16 output"] + ([f"not timed: {', '.join(skip)}"] if skip else [])
+    notes += [timer.caveat] if timer.caveat else []
     if args.smoke:
         notes.append("--smoke: a tiny shape on " + jax.devices()[0].platform + "; the numbers mean nothing")
 
     def save():  # after every shape: a run cut short still leaves what it measured
         if args.out:
             with open(args.out, "w") as f:
-                json.dump({"benchmark": "bench_dot", "device": jax.devices()[0].device_kind, "rows": rows,
+                json.dump({"benchmark": "bench_dot", "device": jax.devices()[0].device_kind, "timing": timer.method,
+                           "rows": rows,
                            "measurements": table.measurements, "notes": notes + deadline.note()}, f, indent=2)
 
     shapes = SMOKE_SHAPES if args.smoke else (HEADLINE,) if args.quick else (HEADLINE,) + LLM_SHAPES

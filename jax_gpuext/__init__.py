@@ -2,7 +2,7 @@
 placement for JAX, as XLA FFI custom calls with a CPU path for every op.
 
 Importing this package never fails because a GPU, a GPU library or the CUDA extension is
-missing: those are reported by :func:`capabilities` and the gates in :mod:`jax_gpuext.gates`.
+missing: those are reported by :func:`capabilities` and the gates in :mod:`jax_gpuext.common.gates`.
 It registers every FFI target with XLA, so exported programs that use our ops run after it
 (:func:`export_disabled_checks` gives ``jax.export`` the checks to disable).
 
@@ -10,15 +10,13 @@ One subpackage per capability (``formats``, ``dot``, ``ragged_dot``, ``collectiv
 ``checkpoints``)
 and ``common`` for the plumbing they share (docs/design.md, "Where things are"). This module is
 the composition root: it imports every capability, so each op's backends and each capability's
-report section are registered before any submodule can be used. The old flat module names
-(``jax_gpuext.dot_xla``, ``jax_gpuext._ext``, ...) resolve to their new homes (common/legacy.py).
+report section are registered before any submodule can be used. Modules are imported by their
+real paths (``jax_gpuext.dot.xla``, ``jax_gpuext.common.extension``); the flat names of the layout
+before issue 29 are gone (issue 34).
 """
-
-import sys as _sys
 
 from jax_gpuext.collectives import all_reduce, distributed
 from jax_gpuext.common import gates
-from jax_gpuext.common import legacy as _legacy
 from jax_gpuext.common.backends import Backend, Selection
 from jax_gpuext.common.capabilities import capabilities
 from jax_gpuext.common.errors import UnsupportedError
@@ -84,13 +82,6 @@ __all__ = [
     "UnsupportedError",
 ]
 
-
-def __getattr__(name: str):
-    # jax_gpuext.<old module name> used without importing it first (jax_gpuext._ext, ...)
-    return _legacy.package_getattr(name)
-
-
-_legacy.install(_sys.modules[__name__])
 
 # Every FFI target of _cpu and _cuda, registered now (not at the first trace): a program exported
 # with our ops and deserialized in a fresh process finds its handlers after this import alone.

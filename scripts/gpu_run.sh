@@ -48,29 +48,30 @@ case "$INSTALL" in wheel|build|installed) ;; *) echo "--install must be wheel, b
 STEPS_1=(
   "env 20 5"
   "install 60 10"
-  "info 45 5"                  # measured 4 s
-  "tests_main 180 115"         # every GPU test but hopper_mx's and the multi-process ones (measured 117 s)
-  "tests_hopper_mx 75 40"      # the raw-PTX kernel: its own group, may hang (measured 42 s)
-  "bench_quantize 45 25"       # --quick: bfloat16, 256 MiB, every format, both axes
-  "bench_dot 55 25"            # --quick (8192^3); hopper_mx left out unless its tests passed
+  "info 45 5"                  # measured 4-5 s
+  "tests_main 180 120"         # every GPU test but formats', hopper_mx's, the grouped kernels' and the multi-process ones
+  "tests_formats 120 90"       # the CUDA quantize / dequantize kernels, bit for bit
+  "tests_hopper_mx 90 55"      # the raw-PTX kernel, in isolated children (measured 42 s in process at eff6f45)
+  "bench_quantize 45 25"       # --quick: bfloat16, 256 MiB, every format, both axes (measured 22 s)
+  "bench_dot 55 25"            # --quick (8192^3); hopper_mx left out unless its tests passed (measured 18 s)
   "bench_hopper_mx 45 10"      # only if its tests passed (measured 8 s)
-  "probe_cudnn 30 5"           # measured 3 s
-  "allreduce_2_plain 150 70 110"  # 2 ranks under MPS, every dtype x op x algorithm x size
-  "allreduce_2_timeout 90 15 80"  # a missing peer is named within the timeout (measured 11 s)
-  "memcheck 90 20"             # compute-sanitizer memcheck on one small target (measured 12 s)
+  "probe_cudnn 30 5"           # measured 2-3 s
+  "memcheck 90 20"             # compute-sanitizer memcheck on one small target (measured 12-14 s)
 )
 STEPS_2=(
   "env 20 5"
   "install 60 10"
   "info 45 5"
-  "tests_ragged_hopper 150 80"  # the grouped sm_90a kernels (forward, dgrad, wgrad, masked), isolated children
-  "allreduce_2_command_buffer 120 20 100"  # measured 6 s
+  "tests_ragged_hopper 150 100"  # the grouped sm_90a kernels (forward, dgrad, wgrad, masked), isolated children
+  "allreduce_2_plain 150 40 110"  # 2 ranks under MPS, every dtype x op x algorithm x size (measured 16 s)
+  "allreduce_2_timeout 90 15 80"  # a missing peer is named within the timeout (measured 11-13 s)
+  "allreduce_2_command_buffer 120 20 100"  # measured 6-16 s
   "bench_ragged_dot 100 60"    # forward and training step at issue 30's, DeepSeek-V3's and gpt-oss's shapes
-  "memcheck_ragged 90 15"      # memcheck on the grouped kernel's skewed layout (the trap of eff6f45)
-  "bench_dot_full 110 65"      # the whole dot table (8192^3 and LLM shapes) and its plot
+  "memcheck_ragged 90 15"      # memcheck on the grouped kernel's skewed layout (the trap of eff6f45; measured 5 s)
+  "bench_dot_full 110 50"      # the whole dot table (8192^3 and LLM shapes) and its plot (measured 40 s for 2 shapes)
   "bench_quantize_full 90 50"  # bfloat16, float32 and float16 at 16384^2, and PyTorch's copy beside ours
-  "racecheck 75 30"            # compute-sanitizer racecheck on one tiny target (measured 23 s)
-  "bench_allreduce 90 20 70"   # measured 8 s
+  "racecheck 75 45"            # compute-sanitizer racecheck on one tiny target (measured 44 s)
+  "bench_allreduce 90 20 70"   # measured 8-9 s
   "allreduce_4_plain 150 80 120"
 )
 DEFAULT_BUDGET=(0 400 240)
@@ -99,6 +100,7 @@ fi
 # The tests after the reorganisation of tests/ by capability, or before it.
 HOPPER_TESTS=$(ls tests/dot/test_hopper_mx.py tests/test_hopper_mx.py 2>/dev/null | head -1)
 RAGGED_HOPPER_TESTS=tests/ragged_dot/test_ragged_dot_hopper.py
+FORMATS_TESTS=tests/formats/test_formats_gpu.py  # the CUDA quantize kernels: their own step and budget
 ALLREDUCE_TESTS=$(ls tests/collectives/test_allreduce.py tests/test_allreduce.py 2>/dev/null | head -1)
 
 write_results() {
@@ -214,7 +216,8 @@ step_bench() {  # step_bench NAME ARGS...
   cd / && "$PY" "$REPO/benchmarks/$name.py" --out "$WORK/$name.json" "$@"
 }
 
-# step_bench_ragged LIMIT SKIP_HOPPER: bench_ragged_dot, with tokamax's ragged_dot beside ours where
+# step_bench_ragged LIMIT SKIP_HOPPER: bench_ragged_dot (the hopper kernel's cells per feature its
+# tests passed: --hopper-tests, when that step ran here), with tokamax's ragged_dot beside ours where
 # scripts/gpu_wheel.sh --deps fetched its wheels (.whl/deps/tokamax): installed into a folder of
 # their own for this step only (the image lacks them; no other step should see them).
 step_bench_ragged() {
@@ -229,6 +232,7 @@ step_bench_ragged() {
   else
     echo "tokamax: no wheels in $dir (scripts/gpu_wheel.sh --deps fetches them): bench_ragged_dot runs without it"
   fi
+  [ -f "$WORK/gpu-tests-ragged_hopper.xml" ] && extra+=(--hopper-tests "$WORK/gpu-tests-ragged_hopper.xml")
   step_bench bench_ragged_dot --time-limit $((limit - (SECONDS - t0))) ${skip:+--skip-backends hopper} "${extra[@]}"
 }
 export -f step_env step_install step_info step_pytest step_sanitizer step_mps_test step_bench step_bench_ragged
@@ -248,10 +252,12 @@ step_command() {
     info) CMD=(bash -c step_info) ;;
     # tests/fuzz has no GPU tests and needs hypothesis, which the GPU image need not have
     tests_main) CMD=(bash -c 'step_pytest main "$REPO/tests" -m "gpu and not multiprocess" --ignore="$REPO/$1" \
-                      --ignore="$REPO/$2" --ignore="$REPO/tests/fuzz"' _ "$HOPPER_TESTS" "$RAGGED_HOPPER_TESTS") ;;
+                      --ignore="$REPO/$2" --ignore="$REPO/$3" --ignore="$REPO/tests/fuzz"' _ "$HOPPER_TESTS" \
+                      "$RAGGED_HOPPER_TESTS" "$FORMATS_TESTS") ;;
+    tests_formats) CMD=(bash -c 'step_pytest formats "$REPO/$1" -m gpu' _ "$FORMATS_TESTS") ;;
     tests_hopper_mx) CMD=(bash -c 'step_pytest hopper_mx "$REPO/$1" -m gpu' _ "$HOPPER_TESTS") ;;
     tests_ragged_hopper) CMD=(bash -c 'step_pytest ragged_hopper "$REPO/$1" -m gpu' _ "$RAGGED_HOPPER_TESTS") ;;
-    bench_ragged_dot)  # the hopper backend only if its tests passed
+    bench_ragged_dot)  # the hopper kernel's cells only where its tests passed (per feature: the bench reads them)
       CMD=(bash -c 'step_bench_ragged "$1" "$2"' _ "$limit" "$([ "$RAGGED_HOPPER_OK" = 1 ] || echo skip)") ;;
     bench_quantize) CMD=(bash -c "step_bench bench_quantize --quick --time-limit $limit") ;;
     bench_quantize_full) CMD=(bash -c "step_bench bench_quantize --time-limit $limit") ;;
@@ -333,7 +339,9 @@ for spec in "${!steps_var}"; do
   esac
   # pytest's exit status, not the junit file: one interrupted at its bound (a hang) still writes one
   [ "$name" = tests_hopper_mx ] && HOPPER_MX_OK=$([ "$rc" = 0 ] && echo 1 || echo 0)
-  [ "$name" = tests_ragged_hopper ] && RAGGED_HOPPER_OK=$([ "$rc" = 0 ] && echo 1 || echo 0)
+  # the grouped kernel's bench cells follow its tests per feature (bench_ragged_dot.py --hopper-tests);
+  # a tests step that left no junit file keeps the kernel out of the bench altogether
+  [ "$name" = tests_ragged_hopper ] && [ ! -f "$WORK/gpu-tests-ragged_hopper.xml" ] && RAGGED_HOPPER_OK=0
   sweep "$name"
   write_results
   [ "$DRY" = 1 ] && SECONDS=$((start + est))  # the dry run's clock: the expected times alone

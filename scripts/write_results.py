@@ -73,7 +73,7 @@ def _tests(work: str) -> dict:
     if not paths and not exits:
         return {"ran": False}
     counts = {k: 0 for k in ("tests", "failures", "errors", "skipped")}
-    cases, collected = [], {}
+    cases, collected, collected_counts = [], {}, {}
     for path in paths:
         root = ET.parse(path).getroot()
         suite = root if root.tag == "testsuite" else root.find("testsuite")
@@ -81,6 +81,9 @@ def _tests(work: str) -> dict:
             counts[k] += int(suite.get(k, 0))
         group = os.path.basename(path)[len("gpu-tests-"):-len(".xml")]
         collected[group] = _properties(suite).get("verifies_collected")
+        counts_text = _properties(suite).get("verifies_collected_counts")
+        if counts_text:
+            collected_counts[group] = json.loads(counts_text)
         for case in suite.iter("testcase"):
             if case.get("name") is None:  # pytest's placeholder for the test a SIGINT interrupted
                 continue
@@ -89,7 +92,7 @@ def _tests(work: str) -> dict:
                 if case.find(tag) is not None:
                     outcome = tag
             entry = {"test": f"{case.get('classname')}::{case.get('name')}", "outcome": outcome,
-                     "seconds": float(case.get("time", 0))}
+                     "seconds": float(case.get("time", 0)), "group": group}
             props = _properties(case, all_values=True)
             verifies = props.get("verifies")
             if verifies:  # the verification-record components this test exercises (tests/conftest.py)
@@ -110,8 +113,11 @@ def _tests(work: str) -> dict:
                  if rc in (124, 137) or not os.path.exists(os.path.join(work, f"gpu-tests-{name}.xml"))]
     # features_recorded: a case without a feature verifies its whole component (results written
     # before tests named features get theirs from verified.LEGACY_FEATURES instead)
+    # collected_counts: per group, how many selected tests verify each (component, feature): a cut
+    # group then blames only what some of its selected tests did not finish
     return {"ran": True, **counts, "cases": cases, "groups": [os.path.basename(p) for p in paths],
-            "group_exits": exits, "cut_short": cut_short, "features_recorded": True}
+            "group_exits": exits, "cut_short": cut_short, "features_recorded": True,
+            "collected_counts": collected_counts}
 
 
 def _properties(element: ET.Element, all_values: bool = False) -> dict:

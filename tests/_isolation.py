@@ -27,7 +27,9 @@ with the child's reason) is raised in the parent's call phase, so the parent's r
 file and the ``verifies`` properties that tests/conftest.py adds at collection are those of an
 in-process run; properties the child recorded (``record_property``) are added to the parent's. A
 child that dies (a signal, ``os.abort``, a timeout) fails the test it was running with the exit
-status and the end of its output; the tests after it run in a new child. With pytest-timeout's
+status and the end of its output; the tests after it run in a new child. The parent reads the
+child's records while it runs and reports each test as soon as the child has finished it, so a
+parent interrupted part-way (the GPU script's step bound) has reported everything finished so far. With pytest-timeout's
 ``--timeout`` the child gets the same per-test timeout and the parent waits at most that per test
 of the batch plus start-up.
 """
@@ -42,6 +44,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -50,6 +53,7 @@ MARKER_HELP = (f"{MARKER}(only=None): run in a child process (tests/_isolation.p
                "test cannot fail the tests after it; only=MARKER restricts it to tests that also carry that marker")
 _CHILD_START_S = 120  # bound on a child's start-up (Python, JAX, a CUDA context) where a --timeout applies
 _OUTPUT_TAIL = 6000
+_POLL_S = 0.05  # how often the parent reads a running child's records
 
 
 @dataclasses.dataclass
@@ -66,6 +70,7 @@ class _State:
     children: int = 0
     tests_in_children: set = dataclasses.field(default_factory=set)
     index: dict | None = None  # node id -> position in session.items
+    child: object = None  # the _Child still running a batch, if any
 
 
 _STATE = pytest.StashKey[_State]()
@@ -94,6 +99,9 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
+    state = config.stash.get(_STATE, None)
+    if state is not None and state.child is not None:
+        state.child.stop()
     global _child_records
     if _child_records is not None and config.getoption("isolated_child"):
         _child_records.close()
@@ -233,58 +241,95 @@ def _tail(path: str) -> str:
         return ""
 
 
-def _run_child(config, state: _State, batch: list) -> None:
-    """Runs `batch` (node ids in order) in one child; fills state.results for the tests it finished,
-    and for the one it was running if it died. Tests it never started stay unresolved."""
-    state.children += 1
-    workdir = tempfile.mkdtemp(prefix="pytest-isolated-")
-    records, log = os.path.join(workdir, "records.jsonl"), os.path.join(workdir, "child.log")
-    timeout = _timeout_s(config)
-    cmd = [sys.executable, "-P", "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-x", "-q",
-           "--rootdir", str(config.rootpath), f"--isolated-child={records}"]
-    if config.inipath is not None:
-        cmd += ["-c", str(config.inipath)]
-    for override in config.getoption("override_ini", None) or []:
-        cmd += ["-o", override]
-    if timeout > 0:
-        cmd.append(f"--timeout={timeout:g}")
-    cmd += [_node_arg(item) for item in batch]
-    # The command line above is the child's whole configuration: PYTEST_ADDOPTS (say, xdist's -n)
-    # and xdist's worker variables are the parent's. The parent may hold a JAX GPU client that
-    # preallocated 75% of the device: the child allocates on demand unless told otherwise.
-    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS" and not k.startswith("PYTEST_XDIST")}
-    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    timed_out, rc = False, None
-    with open(log, "w", encoding="utf-8") as out:
-        proc = subprocess.Popen(cmd, cwd=str(config.invocation_params.dir), stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, env=env)
+class _Child:
+    """One child process running a batch, read test by test while it runs: the parent reports each
+    test as soon as the child has finished it, so a parent stopped part-way (the GPU script's step
+    bound sends SIGINT) has already reported every test the child completed (the H200 run of 3ff9b82
+    lost 35 finished-or-not hopper_mx results at once because the parent waited for the whole batch)."""
+
+    def __init__(self, config, state: _State, batch: list):
+        state.children += 1
+        self.state, self.batch = state, batch
+        self.ids = {item.nodeid for item in batch}
+        workdir = tempfile.mkdtemp(prefix="pytest-isolated-")
+        self.records, self.log = os.path.join(workdir, "records.jsonl"), os.path.join(workdir, "child.log")
+        self.timeout = _timeout_s(config)
+        cmd = [sys.executable, "-P", "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-x", "-q",
+               "--rootdir", str(config.rootpath), f"--isolated-child={self.records}"]
+        if config.inipath is not None:
+            cmd += ["-c", str(config.inipath)]
+        for override in config.getoption("override_ini", None) or []:
+            cmd += ["-o", override]
+        if self.timeout > 0:
+            cmd.append(f"--timeout={self.timeout:g}")
+        cmd += [_node_arg(item) for item in batch]
+        self.cmd = cmd
+        # The command line above is the child's whole configuration: PYTEST_ADDOPTS (say, xdist's -n)
+        # and xdist's worker variables are the parent's. The parent may hold a JAX GPU client that
+        # preallocated 75% of the device: the child allocates on demand unless told otherwise.
+        env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS" and not k.startswith("PYTEST_XDIST")}
+        env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        self.out = open(self.log, "w", encoding="utf-8")  # noqa: SIM115 (closed in _finish)
+        self.proc = subprocess.Popen(cmd, cwd=str(config.invocation_params.dir), stdin=subprocess.DEVNULL,
+                                     stdout=self.out, stderr=subprocess.STDOUT, env=env)
+        self.started_at = time.monotonic()
+        self.timed_out, self.rc = False, None
+
+    def _collect(self) -> None:
+        """Moves every test the child has finished into state.results."""
+        reports, started = _read_records(self.records)
+        self.state.tests_in_children.update(n for n in started if n in self.ids)
+        for nodeid in started:
+            if nodeid in self.ids and nodeid not in self.state.results and "teardown" in reports.get(nodeid, {}):
+                self.state.results[nodeid] = _result_of(reports[nodeid])
+
+    def _finish(self) -> None:
+        """After the child ended: the test it was running (or the first, if it never got to one) fails
+        with its exit status; tests it never started stay unresolved (a new child takes them)."""
+        self.out.close()
+        self._collect()
+        reports, started = _read_records(self.records)
+        unfinished = [n for n in started if n in self.ids and n not in self.state.results]
+        victim = unfinished[-1] if unfinished else (None if started else self.batch[0].nodeid)
+        if victim is not None:
+            where = "while running this test" if unfinished else "before running any test"
+            self.state.results[victim] = _Result(
+                "failed", f"the isolated child process {_exit_status(self.rc, self.timed_out)} {where} "
+                          f"(command: {' '.join(self.cmd[:4])} ... ); the end of its output:\n{_tail(self.log)}",
+                [tuple(p) for r in reports.get(victim, {}).values() for p in r.get("properties", [])])
+
+    def wait_for(self, nodeid: str) -> None:
+        """Returns once ``nodeid`` has a result or the child has ended (then _finish ran)."""
+        limit = self.timeout * len(self.batch) + _CHILD_START_S if self.timeout > 0 else None
         try:
-            rc = proc.wait(timeout=timeout * len(batch) + _CHILD_START_S if timeout > 0 else None)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            proc.kill()
-            rc = proc.wait()
+            while True:
+                self._collect()
+                if nodeid in self.state.results:
+                    return
+                if self.proc.poll() is not None:
+                    self.rc = self.proc.returncode
+                    self._finish()
+                    return
+                if limit is not None and time.monotonic() - self.started_at > limit:
+                    self.timed_out = True
+                    self.proc.kill()
+                    self.rc = self.proc.wait()
+                    self._finish()
+                    return
+                time.sleep(_POLL_S)
         except BaseException:  # KeyboardInterrupt (the GPU script's step bound): say where the child was
-            proc.kill()
-            proc.wait()
-            running = _read_records(records)[1]
-            current = running[-1] if running else batch[0].nodeid
-            sys.stderr.write(f"\nisolated child process stopped while running {current}; its output: {log}\n")
+            self.stop()
+            running = [n for n in _read_records(self.records)[1] if n in self.ids]
+            sys.stderr.write(f"\nisolated child process stopped while running {running[-1] if running else nodeid}; "
+                             f"its output: {self.log}\n")
             raise
-    reports, started = _read_records(records)
-    state.tests_in_children.update(started)
-    by_id = {item.nodeid: item for item in batch}
-    for nodeid in started:
-        if nodeid in by_id and "teardown" in reports.get(nodeid, {}):
-            state.results[nodeid] = _result_of(reports[nodeid])
-    unfinished = [n for n in started if n in by_id and n not in state.results]
-    victim = unfinished[-1] if unfinished else (None if started else batch[0].nodeid)
-    if victim is not None:  # the test the child was running when it ended, or the first if it never got to one
-        where = "while running this test" if unfinished else "before running any test"
-        state.results[victim] = _Result(
-            "failed", f"the isolated child process {_exit_status(rc, timed_out)} {where} "
-                      f"(command: {' '.join(cmd[:4])} ... ); the end of its output:\n{_tail(log)}",
-            [tuple(p) for r in reports.get(victim, {}).values() for p in r.get("properties", [])])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if not self.out.closed:
+            self.out.close()
 
 
 def _read_records(path: str) -> tuple[dict, list]:
@@ -327,7 +372,15 @@ def pytest_pyfunc_call(pyfuncitem):
         return None  # run here, as usual
     state = config.stash[_STATE]
     if pyfuncitem.nodeid not in state.results:
-        _run_child(config, state, _batch_for(pyfuncitem, state))
+        child = state.child
+        if child is None or pyfuncitem.nodeid not in child.ids or child.out.closed:
+            if child is not None:
+                child.stop()  # a batch whose remaining tests the parent no longer runs (deselected, -x)
+            child = state.child = _Child(config, state, _batch_for(pyfuncitem, state))
+        child.wait_for(pyfuncitem.nodeid)
+        if pyfuncitem.nodeid not in state.results:  # the child ended before it: a new child for the rest
+            child = state.child = _Child(config, state, _batch_for(pyfuncitem, state))
+            child.wait_for(pyfuncitem.nodeid)
     result = state.results.pop(pyfuncitem.nodeid, None)
     if result is None:  # cannot happen: _run_child resolves the batch's first test at least
         result = _Result("failed", "the isolated child process did not report this test")

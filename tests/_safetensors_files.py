@@ -6,8 +6,8 @@
   the result is checked by safetensors' reader.
 - ``split`` / ``build`` take a file apart into (header as JSON, data bytes) and back, for mutations.
 - ``expected`` decides what a file holds: safetensors' ``deserialize`` (the library's own
-  validation) decides valid or not, plus the two rules jax_gpuext adds (a name given twice; a
-  BOOL byte other than 0/1). Sub-byte codes are unpacked here with ``np.unpackbits`` as the
+  validation) decides valid or not, plus the rules jax_gpuext adds (a name given twice; a
+  BOOL byte other than 0/1; a shape NumPy cannot hold). Sub-byte codes are unpacked here with ``np.unpackbits`` as the
   LSB-first bit stream, independently of jax_gpuext's arithmetic.
 """
 
@@ -151,7 +151,10 @@ def expected(blob: bytes):
         return "refused", f"name {twice!r} given twice"
     out = {}
     for name, info in tensors:
-        out[name] = decode(info["dtype"], info["shape"], bytes(info["data"]))
+        try:
+            out[name] = decode(info["dtype"], info["shape"], bytes(info["data"]))
+        except ValueError as e:  # valid to safetensors, but no ndarray has this shape (rank > 64, [0, 2**62, 4])
+            return "refused", f"NumPy cannot hold tensor {name!r} of shape {info['shape']}: {e}"
         if info["dtype"] == "BOOL" and out[name].view(np.uint8).max(initial=0) > 1:
             return "refused", f"BOOL tensor {name!r} holds a byte other than 0 / 1"
     return "loaded", out

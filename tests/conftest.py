@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 
@@ -88,6 +89,17 @@ def verified_components(item) -> list[str]:
     return sorted({c for comps, _ in _applicable_verifies(item) for c in comps})
 
 
+def collected_counts(items) -> dict[str, dict[str, int]]:
+    """{component: {feature or "": number of the items that verify it}}."""
+    out: dict[str, dict[str, int]] = {}
+    for item in items:
+        features = verified_features(item)
+        for component in verified_components(item):
+            per = out.setdefault(component, {})
+            per[features.get(component, "")] = per.get(features.get(component, ""), 0) + 1
+    return out
+
+
 def verified_features(item) -> dict[str, str]:
     """``{component: feature}`` for the components whose applicable markers name a feature; two
     different features for one component is a mistake in the markers."""
@@ -134,3 +146,7 @@ def _verifies_collected(request, record_testsuite_property):
     (a hang), none of them counts as verified by the run (the hung test is not in the file)."""
     names = sorted({c for item in request.session.items for c in verified_components(item)})
     record_testsuite_property("verifies_collected", ",".join(names))
+    # ...and how many tests of each (component, feature) were selected ("" for the whole component):
+    # a group cut short then blames only what it did not finish (jax_gpuext/common/verified.py)
+    record_testsuite_property("verifies_collected_counts", json.dumps(collected_counts(request.session.items),
+                                                                      sort_keys=True))

@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <type_traits>
+#include <vector>
 
 #include "csrc/common/cuda_check.h"
 #include "csrc/formats/block_scaled_cuda.h"
@@ -355,13 +356,23 @@ void WithKind(FloatType t, Fn&& f) {
   }
 }
 
-// Grid-stride kernels get enough CTAs to fill every SM, never more than the work needs.
-int64_t GridFor(int64_t items, int threads) {
-  int dev = 0, sms = 0;
+// Grid-stride kernels get one full wave: as many CTAs as the SMs hold at once for that kernel (its
+// registers and shared memory decide: 3-8 CTAs of 256 threads on sm_90), never more than the work
+// needs. Assuming 2048 threads per SM gave kernels that fit 5-6 CTAs a wave and a third to a wave and
+// a half, and the last part ran alone on a fraction of the machine, with less in flight than the
+// memory system needs (round 2, docs/design.md). The occupancy query enqueues nothing, so it is
+// allowed while a stream is captured.
+template <class Kernel>
+int64_t GridFor(Kernel kernel, int64_t items, int threads) {
+  int dev = 0, sms = 0, per_sm = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
       sms <= 0)
     sms = 132;
-  const int64_t fill = int64_t(sms) * (2048 / threads);
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) != cudaSuccess || per_sm <= 0) {
+    (void)cudaGetLastError();  // not the launch's error: fall back to a full SM's worth
+    per_sm = 2048 / threads;
+  }
+  const int64_t fill = int64_t(sms) * per_sm;
   return std::max<int64_t>(1, std::min<int64_t>(Blocks(items, threads), fill));
 }
 
@@ -390,12 +401,13 @@ Status LaunchRowsVec(cudaStream_t stream, const QuantizeArgs& a, bool* taken) {
   const int64_t total = L.rows_per_group * L.chunks_per_row;
   if (L.ragged && (total >= kMaxChunks32 || L.chunks_per_row >= kMaxChunks32)) return Status::Ok();
   L.per_row = vec::FastDiv(uint32_t(L.ragged ? L.chunks_per_row : 1));
-  const dim3 grid(unsigned(GridFor(total, vec::kThreads)), unsigned(groups));
   WithFormat(g.format, [&](auto fc) {
     constexpr int32_t F = decltype(fc)::value;
     if constexpr (F != kFp8PerTensor && F != kFp8Blockwise128x128) {
       WithKind(a.in_type, [&](auto kc) {
-        vec::QuantizeRowsVec<F, decltype(kc)::value, fast::kFp4(F)><<<grid, vec::kThreads, 0, stream>>>(a, L);
+        const auto kernel = vec::QuantizeRowsVec<F, decltype(kc)::value, fast::kFp4(F)>;
+        const dim3 grid(unsigned(GridFor(kernel, total, vec::kThreads)), unsigned(groups));
+        kernel<<<grid, vec::kThreads, 0, stream>>>(a, L);
       });
     }
   });
@@ -463,33 +475,52 @@ Status LaunchTilesVec(cudaStream_t stream, const QuantizeArgs& a, bool* taken) {
   return Status::Ok();
 }
 
+// Dequantize, any layout the vector kernel covers: rows of row_len elements (K; N for FP8_128x128;
+// inner for blocks down a non-last axis), row_len a multiple of E (8 outputs per 16-byte store,
+// 4 for f32); the codes, outputs (and, down the columns, the scales) aligned for vector access.
 Status LaunchDequantVec(cudaStream_t stream, const DequantizeArgs& a, bool* taken) {
   const BlockScaledGeometry& g = a.geo;
   *taken = false;
-  if (!VecFormatOk(g) || (!g.two_d() && !g.per_tensor() && g.inner != 1)) return Status::Ok();
-  const int64_t v = VecLenOf(g);
-  const int64_t row_len = g.two_d() ? g.cols : g.k;
+  if (!VecFormatOk(g)) return Status::Ok();
+  const int layout = g.two_d() ? vec::kDeqTiles : (g.per_tensor() || g.inner == 1 ? vec::kDeqRows : vec::kDeqCols);
+  const int64_t e = a.out_type == FloatType::kF32 ? 4 : 8;
+  const int64_t row_len = layout == vec::kDeqTiles ? g.cols : (layout == vec::kDeqRows ? g.k : g.inner);
   const int64_t n = g.elements();
-  if (row_len <= 0 || row_len % v != 0 || n / v >= kMaxChunks32 || !Aligned(a.data, 16) || !Aligned(a.y, 16))
+  if (row_len <= 0 || row_len % e != 0 || n / e >= kMaxChunks32 || g.k >= kMaxChunks32 || !Aligned(a.data, 16) ||
+      !Aligned(a.y, 16) || (layout == vec::kDeqCols && !Aligned(a.scale, 16)))
     return Status::Ok();
   vec::DeqLaunch L;
-  L.chunks = n / v;
-  L.cpr = row_len / v;
+  L.pieces = n / e;
+  L.row_len = row_len;
+  L.k = g.k;
   L.blocks_along = g.blocks_along();
-  L.m_rows = g.k;
   L.tile_cols = g.block_cols();
-  L.per_row = vec::FastDiv(uint32_t(L.cpr));
-  L.per_matrix = vec::FastDiv(uint32_t(g.two_d() && g.k > 0 && g.k < kMaxChunks32 ? g.k : 1));
+  L.per_row = vec::FastDiv(uint32_t(row_len / e));
+  L.per_k = vec::FastDiv(uint32_t(layout == vec::kDeqRows ? 1 : g.k));
   L.per_global = vec::FastDiv(uint32_t(g.format == kNvfp4 ? g.outer / g.global_count : 1));
-  const unsigned grid = unsigned(GridFor(L.chunks, vec::kThreads));
+  // one thread per U pieces (vec::DeqShape::U: 4, 2 down the columns) a span
+  const int64_t threads_needed = (L.pieces + (layout == vec::kDeqCols ? 1 : 3)) / (layout == vec::kDeqCols ? 2 : 4);
+  auto launch = [&](auto kernel) {
+    kernel<<<unsigned(GridFor(kernel, threads_needed, vec::kThreads)), vec::kThreads, 0, stream>>>(a, L);
+  };
   WithFormat(g.format, [&](auto fc) {
     constexpr int32_t F = decltype(fc)::value;
     WithKind(a.out_type, [&](auto kc) {
-      vec::DequantRowsVec<F, decltype(kc)::value, fast::kFp4(F)><<<grid, vec::kThreads, 0, stream>>>(a, L);
+      constexpr int K = decltype(kc)::value;
+      constexpr bool P = fast::kFp4(F);
+      if constexpr (F == kFp8Blockwise128x128) {
+        launch(vec::DequantVec<F, K, P, vec::kDeqTiles>);
+      } else if constexpr (F == kFp8PerTensor) {
+        launch(vec::DequantVec<F, K, P, vec::kDeqRows>);
+      } else if (layout == vec::kDeqRows) {
+        launch(vec::DequantVec<F, K, P, vec::kDeqRows>);
+      } else {
+        launch(vec::DequantVec<F, K, P, vec::kDeqCols>);
+      }
     });
   });
   *taken = true;
-  GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("DequantRowsVec");
+  GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("DequantVec");
   return Status::Ok();
 }
 
@@ -502,13 +533,15 @@ Status QuantizePerTensor(cudaStream_t stream, const QuantizeArgs& a) {
     constexpr int kThreads = 256;
     if (g.k % 16 == 0 && Aligned(a.x, 16) && Aligned(a.data, 16)) {
       // 16 elements per thread, 16-byte loads and stores (docs/design.md, issue 35)
-      const dim3 grid(unsigned(GridFor(g.k / 16, 256)), unsigned(std::min<int64_t>(g.outer, 65535)));
+      const unsigned tensors = unsigned(std::min<int64_t>(g.outer, 65535));
       WithKind(a.in_type, [&](auto kc) {
-        vec::TensorAmaxVec<decltype(kc)::value><<<grid, vec::kThreads, 0, stream>>>(a);
+        const auto kernel = vec::TensorAmaxVec<decltype(kc)::value>;
+        kernel<<<dim3(unsigned(GridFor(kernel, g.k / 16, vec::kThreads)), tensors), vec::kThreads, 0, stream>>>(a);
       });
       GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("TensorAmaxVec");
       WithKind(a.in_type, [&](auto kc) {
-        vec::QuantizeTensorVec<decltype(kc)::value><<<grid, vec::kThreads, 0, stream>>>(a);
+        const auto kernel = vec::QuantizeTensorVec<decltype(kc)::value>;
+        kernel<<<dim3(unsigned(GridFor(kernel, g.k / 16, vec::kThreads)), tensors), vec::kThreads, 0, stream>>>(a);
       });
       GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("QuantizeTensorVec");
       FinalizeTensorScale<<<unsigned(Blocks(g.outer, 256)), 256, 0, stream>>>(a);
@@ -626,6 +659,142 @@ Status QuantizeBothAxesCuda(cudaStream_t stream, const QuantizeArgs& last, const
   }
   GPUEXT_RETURN_IF_ERROR(QuantizeCuda(stream, last));
   return QuantizeCuda(stream, second);
+}
+
+// ---------------------------------------------------------------------------- kernel-only timing
+namespace {
+
+int64_t InputBytes(const QuantizeArgs& a) { return a.geo.elements() * (a.in_type == FloatType::kF32 ? 4 : 2); }
+int64_t DataBytes(const BlockScaledGeometry& g) { return g.fp4_packed ? (g.elements() + 1) / 2 : g.elements(); }
+int64_t ScaleBytes(const BlockScaledGeometry& g) {
+  const int64_t blocks = g.two_d() ? g.outer * g.blocks_along() * g.block_cols() : g.outer * g.blocks_along() * g.inner;
+  return blocks * (HasF32Scale(g.format) ? 4 : 1);
+}
+
+// Device buffers of one timing run, freed whatever happens.
+struct DeviceBuffers {
+  std::vector<void*> ptrs;
+  ~DeviceBuffers() {
+    for (void* p : ptrs) cudaFree(p);
+  }
+  Status Alloc(int64_t bytes, void** p) {
+    *p = nullptr;
+    GPUEXT_CUDA_RETURN_IF_ERROR(cudaMalloc(p, size_t(std::max<int64_t>(bytes, 16))));
+    ptrs.push_back(*p);
+    return Status::Ok();
+  }
+};
+
+struct Events {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  ~Events() {
+    if (start) cudaEventDestroy(start);
+    if (stop) cudaEventDestroy(stop);
+  }
+};
+
+// Seconds per call of `op` (a Status-returning launch on `stream`): two warm-up calls, then the best
+// of `rounds` rounds of `reps` calls between two events.
+template <class Op>
+Status TimeOp(cudaStream_t stream, const Events& ev, int reps, int rounds, Op&& op, double* seconds) {
+  for (int i = 0; i < 2; ++i) GPUEXT_RETURN_IF_ERROR(op());
+  double best = -1;
+  for (int r = 0; r < rounds; ++r) {
+    GPUEXT_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.start, stream));
+    for (int i = 0; i < reps; ++i) GPUEXT_RETURN_IF_ERROR(op());
+    GPUEXT_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev.stop, stream));
+    GPUEXT_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(ev.stop));
+    float ms = 0;
+    GPUEXT_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, ev.start, ev.stop));
+    const double s = double(ms) / 1e3 / reps;
+    best = best < 0 ? s : std::min(best, s);
+  }
+  *seconds = best;
+  return Status::Ok();
+}
+
+Status CopyBack(const void* dev, int64_t bytes, std::vector<uint8_t>* host) {
+  host->resize(size_t(bytes));
+  GPUEXT_CUDA_RETURN_IF_ERROR(cudaMemcpy(host->data(), dev, size_t(bytes), cudaMemcpyDeviceToHost));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status TimeKernelsCuda(const QuantizeArgs& args, const QuantizeArgs* last, float global_scale, int reps, int rounds,
+                       KernelTimes* out) {
+  if (reps < 1 || rounds < 1) return Status::Error("reps and rounds must be positive");
+  if (args.x == nullptr || args.geo.elements() <= 0) return Status::Error("no input");
+  if (last != nullptr && (last->geo.elements() != args.geo.elements() || last->in_type != args.in_type))
+    return Status::Error("the last-axis geometry must describe the same x");
+  DeviceBuffers buf;
+  QuantizeArgs q = args;
+  void *x, *data, *scale, *gs, *y, *dst;
+  const int64_t xb = InputBytes(args), db = DataBytes(args.geo), sb = ScaleBytes(args.geo);
+  GPUEXT_RETURN_IF_ERROR(buf.Alloc(xb, &x));
+  GPUEXT_RETURN_IF_ERROR(buf.Alloc(db, &data));
+  GPUEXT_RETURN_IF_ERROR(buf.Alloc(sb, &scale));
+  GPUEXT_RETURN_IF_ERROR(buf.Alloc(4 * std::max<int64_t>(args.geo.global_count, 1), &gs));
+  GPUEXT_RETURN_IF_ERROR(buf.Alloc(xb, &y));
+  GPUEXT_RETURN_IF_ERROR(buf.Alloc(xb, &dst));
+  GPUEXT_CUDA_RETURN_IF_ERROR(cudaMemcpy(x, args.x, size_t(xb), cudaMemcpyHostToDevice));
+  std::vector<float> g(size_t(std::max<int64_t>(args.geo.global_count, 1)), global_scale);
+  GPUEXT_CUDA_RETURN_IF_ERROR(cudaMemcpy(gs, g.data(), g.size() * 4, cudaMemcpyHostToDevice));
+  q.x = x;
+  q.data = data;
+  q.scale = scale;
+  q.global_scale = static_cast<const float*>(gs);
+  DequantizeArgs d;
+  d.geo = q.geo;
+  d.out_type = q.in_type;
+  d.data = data;
+  d.scale = scale;
+  d.global_scale = q.global_scale;
+  d.y = y;
+  QuantizeArgs l, s2 = q;  // quantize_both_axes: its own outputs for both axes
+  if (last != nullptr) {
+    l = *last;
+    void *ldata, *lscale, *sdata, *sscale;
+    GPUEXT_RETURN_IF_ERROR(buf.Alloc(DataBytes(l.geo), &ldata));
+    GPUEXT_RETURN_IF_ERROR(buf.Alloc(ScaleBytes(l.geo), &lscale));
+    GPUEXT_RETURN_IF_ERROR(buf.Alloc(db, &sdata));
+    GPUEXT_RETURN_IF_ERROR(buf.Alloc(sb, &sscale));
+    l.x = x;
+    l.data = ldata;
+    l.scale = lscale;
+    l.global_scale = q.global_scale;
+    s2.data = sdata;
+    s2.scale = sscale;
+  }
+  cudaStream_t stream = nullptr;
+  GPUEXT_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  struct StreamGuard {
+    cudaStream_t s;
+    ~StreamGuard() { cudaStreamDestroy(s); }
+  } stream_guard{stream};
+  Events ev;
+  GPUEXT_CUDA_RETURN_IF_ERROR(cudaEventCreate(&ev.start));
+  GPUEXT_CUDA_RETURN_IF_ERROR(cudaEventCreate(&ev.stop));
+  GPUEXT_RETURN_IF_ERROR(TimeOp(stream, ev, reps, rounds, [&] {
+    GPUEXT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, x, size_t(xb), cudaMemcpyDeviceToDevice, stream));
+    return Status::Ok();
+  }, &out->copy_s));
+  GPUEXT_RETURN_IF_ERROR(TimeOp(stream, ev, reps, rounds, [&] { return QuantizeCuda(stream, q); }, &out->quantize_s));
+  GPUEXT_RETURN_IF_ERROR(TimeOp(stream, ev, reps, rounds, [&] { return DequantizeCuda(stream, d); }, &out->dequantize_s));
+  if (last != nullptr)
+    GPUEXT_RETURN_IF_ERROR(
+        TimeOp(stream, ev, reps, rounds, [&] { return QuantizeBothAxesCuda(stream, l, s2); }, &out->both_s));
+  GPUEXT_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  GPUEXT_RETURN_IF_ERROR(CopyBack(data, db, &out->data));
+  GPUEXT_RETURN_IF_ERROR(CopyBack(scale, sb, &out->scale));
+  GPUEXT_RETURN_IF_ERROR(CopyBack(y, xb, &out->y));
+  if (last != nullptr) {
+    GPUEXT_RETURN_IF_ERROR(CopyBack(l.data, DataBytes(l.geo), &out->both_data_last));
+    GPUEXT_RETURN_IF_ERROR(CopyBack(l.scale, ScaleBytes(l.geo), &out->both_scale_last));
+    GPUEXT_RETURN_IF_ERROR(CopyBack(s2.data, db, &out->both_data_second));
+    GPUEXT_RETURN_IF_ERROR(CopyBack(s2.scale, sb, &out->both_scale_second));
+  }
+  return Status::Ok();
 }
 
 }  // namespace gpuext::formats

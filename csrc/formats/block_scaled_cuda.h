@@ -3,6 +3,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
+#include <vector>
+
 #include "csrc/formats/block_scaled.h"
 
 namespace gpuext::formats {
@@ -12,5 +15,20 @@ Status DequantizeCuda(cudaStream_t stream, const DequantizeArgs& args);
 // quantize_both_axes: x quantized along its last axis (`last`) and its second-to-last (`second`), both
 // decoded from the same x; one read of x where the fused kernel takes the layout, else two passes.
 Status QuantizeBothAxesCuda(cudaStream_t stream, const QuantizeArgs& last, const QuantizeArgs& second);
+
+// Kernel-only timing (issue 35, round 2; docs/design.md): the device time of the launchers above on
+// buffers of their own, CUDA events around `reps` back-to-back calls (best of `rounds`), beside a
+// device-to-device cudaMemcpyAsync of x timed the same way in the same process -- no XLA program, no
+// loop around the op. `args.x` is a HOST pointer to the input; every other pointer of `args` is
+// ignored (device buffers are allocated here and freed before returning). With `last` (its x, too,
+// ignored) quantize_both_axes is timed as well: `args` is then the axis -2 geometry of the same x.
+// The outputs of the last calls come back for a bit-exactness check.
+struct KernelTimes {
+  double quantize_s = 0, dequantize_s = 0, both_s = 0, copy_s = 0;  // per call
+  std::vector<uint8_t> data, scale, y;                              // quantize, dequantize (to x's type)
+  std::vector<uint8_t> both_data_last, both_scale_last, both_data_second, both_scale_second;
+};
+Status TimeKernelsCuda(const QuantizeArgs& args, const QuantizeArgs* last, float global_scale, int reps, int rounds,
+                       KernelTimes* out);
 
 }  // namespace gpuext::formats

@@ -6,6 +6,13 @@
 // and its codes one 16-byte store. Block scales come from ComputeBlockScale (block_scaled_math.h,
 // the scalar rule) once per block; elements take block_scaled_fast.h's paths (host-checked against
 // the scalar rules), blocks those do not cover take QuantizeElement.
+//
+// The element loads and stores of the row (rows of whole blocks), tile, per-tensor and dequantize
+// kernels are warp-contiguous: the 32 lanes of one instruction cover 32 x its width contiguous bytes,
+// so no instruction reads or writes part of a sector that the next one completes (round 2,
+// docs/design.md). Where a thread needs more contiguous bytes than one instruction moves, the warp
+// stages them through shared memory (LoadVecWarp) or a thread owns 16-byte pieces outright
+// (FP8_TENSOR, dequantize). Still thread-contiguous: padded rows and the column / fused kernels.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -77,6 +84,35 @@ __device__ __forceinline__ void LoadVec(const void* base, int64_t elem, Vec<kIn,
   for (int j = 0; j < Vec<kIn, V>::kWords / 4; ++j) {
     const uint4 q = p[j];
     r.w[4 * j] = q.x, r.w[4 * j + 1] = q.y, r.w[4 * j + 2] = q.z, r.w[4 * j + 3] = q.w;
+  }
+}
+
+// The 16-byte pieces of one thread's V elements.
+template <int kIn, int V>
+constexpr int kPieces = Vec<kIn, V>::kWords / 4;
+
+// Loads the V elements of each of a warp's 32 consecutive chunks (lane l's chunk: elements
+// [first + l V, first + l V + V)) with warp-contiguous 16-byte loads, all issued before any is used,
+// and hands each lane its own chunk through `stage` (this warp's 32 x kPieces slots of shared memory;
+// fast::StageSlot). `valid`: how many of the 32 chunks exist (1..32); the others read as zeros. Every
+// lane of the warp must call it (two __syncwarp; the first keeps the previous call's reads of `stage`
+// ahead of this call's writes).
+template <int kIn, int V>
+__device__ __forceinline__ void LoadVecWarp(const void* base, int64_t first, int valid, uint4* stage, int lane,
+                                            Vec<kIn, V>& r) {
+  constexpr int W = kPieces<kIn, V>;
+  const uint4* p = reinterpret_cast<const uint4*>(static_cast<const char*>(base) + first * InBytes(kIn));
+  uint4 q[W];
+#pragma unroll
+  for (int j = 0; j < W; ++j) q[j] = 32 * j + lane < valid * W ? p[32 * j + lane] : make_uint4(0, 0, 0, 0);
+  __syncwarp();
+#pragma unroll
+  for (int j = 0; j < W; ++j) stage[fast::StageSlot<W>(32 * j + lane)] = q[j];
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < W; ++i) {
+    const uint4 s = stage[fast::StageSlot<W>(lane * W + i)];
+    r.w[4 * i] = s.x, r.w[4 * i + 1] = s.y, r.w[4 * i + 2] = s.z, r.w[4 * i + 3] = s.w;
   }
 }
 
@@ -232,6 +268,9 @@ __global__ void __launch_bounds__(kThreads) QuantizeRowsVec(QuantizeArgs a, Rows
   constexpr int kPer = V / kNb;                // elements of one block in a thread
   constexpr bool kNibbles = fast::kFp4(kFmt) && kPacked;
   __shared__ __align__(16) uint32_t table[kFmt == kNvfp4 ? kTableWords : 1];
+  __shared__ uint4 stage[kThreads * kPieces<kIn, V>];  // LoadVecWarp's slots, 32 x pieces per warp
+  const int lane = threadIdx.x % 32;
+  uint4* const warp_stage = stage + (threadIdx.x / 32) * 32 * kPieces<kIn, V>;
   const int64_t group = blockIdx.y;
   const uint32_t g = GlobalOf(a, group);
   BuildTable<kFmt>(table, g);
@@ -252,8 +291,13 @@ __global__ void __launch_bounds__(kThreads) QuantizeRowsVec(QuantizeArgs a, Rows
       scale_index = row0 * L.blocks_along + t * V / B;  // K % B == 0: blocks run on across rows
     }
     Vec<kIn, V> v;
-    if (active) {
-      LoadVec(a.x, elem, v);
+    if (!L.ragged) {
+      // chunks run on across rows, so the warp's 32 chunks are one contiguous span: coalesced
+      // loads through shared memory (t - lane < total: total_padded is a multiple of 32)
+      const int64_t t0 = t - lane;
+      LoadVecWarp(a.x, row0 * L.k + t0 * V, int(min(int64_t(32), total - t0)), warp_stage, lane, v);
+    } else if (active) {
+      LoadVec(a.x, elem, v);  // padded rows: the warp's chunks are not one span
     } else {
       ZeroVec(v);
     }
@@ -426,11 +470,14 @@ __global__ void __launch_bounds__(ColsShape<kFmt, kIn, kPacked>::N) QuantizeCols
 }
 
 // ------------------------------------------------------------------------ FP8 128x128 tiles
-// One CTA per tile; a thread owns R rows x 16 columns (R = 4 for 16-bit input, 2 for f32 with 512
-// threads), cols % 16 == 0.
+// One CTA per tile; a thread owns R = 8 rows x V columns, V one 16-byte piece (8 columns of 16-bit
+// input with 256 threads, 4 of f32 with 512), so 128 / V consecutive lanes load a tile row's 256 or
+// 512 contiguous bytes in one instruction (round 2: 16 columns a thread put two loads on each row,
+// each instruction half of every sector it touched) and store its V codes as one 8- or 4-byte
+// warp-contiguous store. cols % 16 == 0.
 template <int kIn>
 struct TileShape {
-  static constexpr int V = 16, R = kIn == kInF32 ? 2 : 4;
+  static constexpr int V = 16 / InBytes(kIn), R = 8;
   static constexpr int kThreadsPerTile = 128 * 128 / (V * R);
 };
 
@@ -443,19 +490,28 @@ __global__ void __launch_bounds__(TileShape<kIn>::kThreadsPerTile) QuantizeTiles
   const int64_t tile = blockIdx.x;
   const int64_t bc = tile % bcols, obr = tile / bcols;
   const int64_t br = obr % tiles_k, o = obr / tiles_k;
-  const int tn = threadIdx.x % 8, tk = threadIdx.x / 8;
+  const int tn = threadIdx.x % (128 / V), tk = threadIdx.x / (128 / V);
   const int64_t col = bc * 128 + tn * V, row0 = br * 128 + tk * R;
   const bool col_ok = col < geo.cols;
   Vec<kIn, V> v[R];
-  uint32_t m = 0;
 #pragma unroll
-  for (int j = 0; j < R; ++j) {
+  for (int j = 0; j < R; ++j) {  // every row's load first: the amax below reads them all
     if (col_ok && row0 + j < geo.k) {
       LoadVec(a.x, (o * geo.k + row0 + j) * geo.cols + col, v[j]);
     } else {
       ZeroVec(v[j]);
     }
-    m = max(m, AmaxOf(v[j], 0, V));
+  }
+  uint32_t m = 0;
+  if constexpr (kIn == kInF32) {
+#pragma unroll
+    for (int j = 0; j < R; ++j) m = max(m, AmaxOf(v[j], 0, V));
+  } else {  // |x| of every pair of every row, widened once (f16's widening is not one instruction)
+#pragma unroll
+    for (int j = 0; j < R; ++j)
+#pragma unroll
+      for (int w = 0; w < Vec<kIn, V>::kWords; ++w) m = __vmaxu2(m, v[j].w[w] & 0x7FFF7FFFu);
+    m = WidenAbs16<kIn>(max(m & 0xFFFFu, m >> 16));
   }
   for (int off = 16; off > 0; off >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
   __shared__ uint32_t warp_max[kN / 32];
@@ -471,64 +527,167 @@ __global__ void __launch_bounds__(TileShape<kIn>::kThreadsPerTile) QuantizeTiles
 #pragma unroll
   for (int j = 0; j < R; ++j) {
     if (row0 + j >= geo.k) break;
-    StoreCodes(a.data, (o * geo.k + row0 + j) * geo.cols + col, false,
-               CodesOf<kFp8Blockwise128x128, false, kIn, V, V>(v[j], p, nullptr, kF32One));
+    const uint4 c = CodesOf<kFp8Blockwise128x128, false, kIn, V, V>(v[j], p, nullptr, kF32One);
+    uint8_t* out = static_cast<uint8_t*>(a.data) + (o * geo.k + row0 + j) * geo.cols + col;
+    if constexpr (V == 8) {
+      *reinterpret_cast<uint2*>(out) = make_uint2(c.x, c.y);
+    } else {
+      *reinterpret_cast<uint32_t*>(out) = c.x;
+    }
   }
 }
 
 // ------------------------------------------------------------------------ FP8_TENSOR
 // grid.y walks the tensors; K % 16 == 0. The amax pass folds |x| into the zeroed slot (atomicMax on
 // the bits: non-negative floats order as integers); the quantize pass reads it (the scale is written
-// by the finalize kernel after both).
+// by the finalize kernel after both). Every element has the tensor's scale, so neither pass needs a
+// thread to own contiguous elements: lane l of a warp takes 16-byte pieces 32 j + l of the warp's
+// span (32 chunks of 16 elements, contiguous), so every load and store is warp-contiguous.
+template <int kIn>
+__device__ __forceinline__ const uint4* TensorPieces(const QuantizeArgs& a, int64_t o) {
+  return reinterpret_cast<const uint4*>(static_cast<const char*>(a.x) + o * a.geo.k * InBytes(kIn));
+}
+
 template <int kIn>
 __global__ void __launch_bounds__(kThreads) TensorAmaxVec(QuantizeArgs a) {
-  constexpr int V = 16;
+  constexpr int V = 16, W = kPieces<kIn, V>, E = V / W;  // E: elements per 16-byte piece
+  constexpr int kSpans = W < 4 ? 4 / W : 1;              // spans per step: 4 loads (64 bytes) in flight
   const BlockScaledGeometry& geo = a.geo;
+  const int lane = threadIdx.x % 32;
   const int64_t chunks = geo.k / V, stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x - lane;  // the warp's first chunk
   for (int64_t o = blockIdx.y; o < geo.outer; o += gridDim.y) {
+    const uint4* x = TensorPieces<kIn>(a, o);
     uint32_t m = 0;
-    int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    for (; c + stride < chunks; c += 2 * stride) {  // two chunks in flight per thread
-      Vec<kIn, V> v0, v1;
-      LoadVec(a.x, o * geo.k + c * V, v0);
-      LoadVec(a.x, o * geo.k + (c + stride) * V, v1);
-      m = max(m, max(AmaxOf(v0, 0, V), AmaxOf(v1, 0, V)));
-    }
-    if (c < chunks) {
-      Vec<kIn, V> v0;
-      LoadVec(a.x, o * geo.k + c * V, v0);
-      m = max(m, AmaxOf(v0, 0, V));
+    for (int64_t c0 = first; c0 < chunks; c0 += kSpans * stride) {
+      uint4 u[kSpans * W];
+      if (c0 + (kSpans - 1) * stride + 32 <= chunks) {  // every span whole: unpredicated loads, all in flight
+#pragma unroll
+        for (int s = 0; s < kSpans; ++s)
+#pragma unroll
+          for (int j = 0; j < W; ++j) u[s * W + j] = x[(c0 + s * stride) * W + 32 * j + lane];
+      } else {
+#pragma unroll
+        for (int s = 0; s < kSpans; ++s) {
+          const int64_t c = c0 + s * stride, n = c < chunks ? min(int64_t(32), chunks - c) * W : 0;
+#pragma unroll
+          for (int j = 0; j < W; ++j) u[s * W + j] = 32 * j + lane < n ? x[c * W + 32 * j + lane] : make_uint4(0, 0, 0, 0);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kSpans * W; ++j) {
+        Vec<kIn, E> q;
+        q.w[0] = u[j].x, q.w[1] = u[j].y, q.w[2] = u[j].z, q.w[3] = u[j].w;
+        m = max(m, AmaxOf(q, 0, E));
+      }
     }
     for (int off = 16; off > 0; off >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
-    if (threadIdx.x % 32 == 0 && m != 0) atomicMax(static_cast<unsigned int*>(a.scale) + o, m);
+    if (lane == 0 && m != 0) atomicMax(static_cast<unsigned int*>(a.scale) + o, m);
   }
 }
 
 template <int kIn>
 __global__ void __launch_bounds__(kThreads) QuantizeTensorVec(QuantizeArgs a) {
-  constexpr int V = 16;
+  constexpr int V = 16, W = kPieces<kIn, V>, E = V / W;
   const BlockScaledGeometry& geo = a.geo;
+  const int lane = threadIdx.x % 32;
   const int64_t chunks = geo.k / V, stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x - lane;
   for (int64_t o = blockIdx.y; o < geo.outer; o += gridDim.y) {
     const uint32_t amax = static_cast<const uint32_t*>(a.scale)[o];  // still the amax (finalize runs after)
     const ElemParams p[1] = {fast::ParamsOf<kFp8PerTensor>(ComputeBlockScale(kFp8PerTensor, a.scale_rounding, amax, kF32One))};
-    for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < chunks; c += stride) {
-      Vec<kIn, V> v;
-      LoadVec(a.x, o * geo.k + c * V, v);
-      StoreCodes(a.data, o * geo.k + c * V, false, CodesOf<kFp8PerTensor, false, kIn, V, V>(v, p, nullptr, kF32One));
+    const uint4* x = TensorPieces<kIn>(a, o);
+    uint8_t* data = static_cast<uint8_t*>(a.data) + o * geo.k;
+    for (int64_t c0 = first; c0 < chunks; c0 += stride) {
+      const int64_t n = min(int64_t(32), chunks - c0) * W;
+      uint4 q[W];
+#pragma unroll
+      for (int j = 0; j < W; ++j) q[j] = 32 * j + lane < n ? x[c0 * W + 32 * j + lane] : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int j = 0; j < W; ++j) {
+        const int64_t piece = c0 * W + 32 * j + lane;
+        if (32 * j + lane >= n) break;
+        Vec<kIn, E> v;
+        v.w[0] = q[j].x, v.w[1] = q[j].y, v.w[2] = q[j].z, v.w[3] = q[j].w;
+        const uint4 c = CodesOf<kFp8PerTensor, false, kIn, E, E>(v, p, nullptr, kF32One);
+        if constexpr (E == 8) {
+          *reinterpret_cast<uint2*>(data + piece * E) = make_uint2(c.x, c.y);
+        } else {
+          *reinterpret_cast<uint32_t*>(data + piece * E) = c.x;
+        }
+      }
     }
   }
 }
 
 // ------------------------------------------------------------------------ dequantize
-// Rows of `row_len` elements (row_len % V == 0) whose scale index is a function of (row, column):
-// 1-D formats along the last axis (inner == 1), FP8_128x128 (rows of N), FP8_TENSOR (a row per
-// tensor). A thread owns V codes of one row: one 16-byte load, 16-byte stores of the output. Chunks
-// are numbered flat (chunk t is elements [tV, tV + V)); the row is t / chunks-per-row by FastDiv.
+// A thread owns 16-byte pieces of the output: E = 8 (bf16 / f16) or 4 (f32) elements of one row and
+// one block (rows and blocks are multiples of E). Lane l of a warp takes pieces 32 u + l of the
+// warp's span of 32 U pieces: every load of codes and every store of outputs is warp-contiguous (the
+// first version wrote 32-128 contiguous bytes per thread, each store instruction half of every
+// sector it touched), and a lane issues its U pieces' loads (codes, scales) before it converts any.
+// Layouts: kDeqRows (1-D blocks along the last axis; FP8_TENSOR, a row per tensor), kDeqTiles
+// (FP8_128x128), kDeqCols (1-D blocks down a non-last axis: each element of a piece has its own
+// scale, E consecutive entries of the scale array, loaded as one vector).
+enum DeqLayout : int { kDeqRows = 0, kDeqTiles = 1, kDeqCols = 2 };
+
 struct DeqLaunch {
-  int64_t chunks, cpr, blocks_along;  // blocks_along: scale entries per row (1-D); tile rows per matrix (128x128)
-  int64_t m_rows, tile_cols;          // 128x128: M, ceil(N / 128)
-  FastDiv per_row, per_matrix, per_global;
+  int64_t pieces;        // elements / E (< 2^31)
+  int64_t row_len;       // elements per row: K (rows), N (tiles), inner (cols)
+  int64_t k;             // rows per outer index: M (tiles), K (cols)
+  int64_t blocks_along;  // scale entries of the blocked axis per outer index (1-D); tiles: 128-row tiles
+  int64_t tile_cols;     // tiles: ceil(N / 128)
+  FastDiv per_row;       // piece -> row: row_len / E pieces per row
+  FastDiv per_k;         // tiles, cols: row -> outer index
+  FastDiv per_global;    // NVFP4: outer index -> global scale index
+};
+
+template <int32_t kFmt, int kOut, bool kPacked, int kLayout>
+struct DeqShape {
+  static constexpr int E = kOut == kInF32 ? 4 : 8;
+  static constexpr bool kNibbles = fast::kFp4(kFmt) && kPacked;
+  static constexpr int kCodeBytes = kNibbles ? E / 2 : E;  // 2, 4 or 8
+  static constexpr int kScales = kLayout == kDeqCols ? E : 1;
+  static constexpr int U = kLayout == kDeqCols ? 2 : 4;  // pieces per lane in flight
+};
+
+template <int kBytes>
+__device__ __forceinline__ uint2 LoadCodes(const uint8_t* p) {
+  if constexpr (kBytes == 8) return *reinterpret_cast<const uint2*>(p);
+  if constexpr (kBytes == 4) return make_uint2(*reinterpret_cast<const uint32_t*>(p), 0u);
+  return make_uint2(*reinterpret_cast<const unsigned short*>(p), 0u);
+}
+
+// kN consecutive stored scales (uint8 codes or fp32 bits) from index i.
+template <int32_t kFmt, int kN>
+struct ScaleRun {
+  static constexpr bool kF32 = fast::kF32Scale(kFmt);
+  uint32_t w[kF32 ? kN : (kN + 3) / 4];
+  __device__ __forceinline__ void Load(const void* scale, int64_t i) {
+    if constexpr (kN == 1) {
+      w[0] = LoadScale(scale, kFmt, i);
+    } else if constexpr (kF32) {
+      const uint4* p = reinterpret_cast<const uint4*>(static_cast<const uint32_t*>(scale) + i);
+#pragma unroll
+      for (int j = 0; j < kN / 4; ++j) {
+        const uint4 q = p[j];
+        w[4 * j] = q.x, w[4 * j + 1] = q.y, w[4 * j + 2] = q.z, w[4 * j + 3] = q.w;
+      }
+    } else if constexpr (kN == 8) {
+      const uint2 q = *reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(scale) + i);
+      w[0] = q.x, w[1] = q.y;
+    } else {
+      w[0] = *reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(scale) + i);
+    }
+  }
+  __device__ __forceinline__ void Zero() {
+#pragma unroll
+    for (int j = 0; j < int(sizeof(w) / 4); ++j) w[j] = 0;
+  }
+  __device__ __forceinline__ uint32_t Get(int e) const {
+    if constexpr (kN == 1 || kF32) return w[kN == 1 ? 0 : e];
+    return (w[e / 4] >> (8 * (e % 4))) & 0xFFu;
+  }
 };
 
 template <int32_t kFmt>
@@ -547,117 +706,112 @@ __device__ __forceinline__ float2 CodePairValues(uint32_t pair16) {
   return make_float2(fast::CodeValue<kFmt>(pair16 & 0xFFu), fast::CodeValue<kFmt>(pair16 >> 8));
 }
 
-template <int kOut>
-__device__ __forceinline__ void StoreOut(void* y, int64_t elem, const float (&f)[16]) {
-  if constexpr (kOut == kInF32) {
-    uint4* p = reinterpret_cast<uint4*>(static_cast<float*>(y) + elem);
+// The E outputs of one piece as the 16 bytes stored: the fast path where every scale of the piece
+// passes DequantParams and no code is NaN / Inf, the scalar rule (out of line) otherwise.
+template <int32_t kFmt, int kOut, bool kNibbles, int E, int kN>
+__device__ __forceinline__ uint4 DequantPiece(uint2 codes, const ScaleRun<kFmt, kN>& s, uint32_t g) {
+  float m0[kN], m1[kN];
+  bool ok = true;
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
-      p[j] = make_uint4(__float_as_uint(f[4 * j]), __float_as_uint(f[4 * j + 1]), __float_as_uint(f[4 * j + 2]),
-                        __float_as_uint(f[4 * j + 3]));
-  } else {
-    uint32_t w[8];
+  for (int i = 0; i < kN; ++i) ok = fast::DequantParams<kFmt>(s.Get(i), g, &m0[i], &m1[i]) && ok;
+  if constexpr (!kNibbles) {
+    ok = ok && !fast::AnySpecialCode4<kFmt>(codes.x) && (E == 4 || !fast::AnySpecialCode4<kFmt>(codes.y));
+  }
+  uint32_t out[4] = {0, 0, 0, 0};
+  if (ok) {
+    float f[E];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      if constexpr (kOut == kInBf16) {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(f[2 * j], f[2 * j + 1]);
-        w[j] = *reinterpret_cast<const uint32_t*>(&h);
+    for (int j = 0; j < E; j += 2) {
+      uint32_t pair;
+      if constexpr (kNibbles) {
+        const uint32_t byte = (codes.x >> (4 * j)) & 0xFFu;
+        pair = (byte & 0xFu) | ((byte >> 4) << 8);
       } else {
-        const __half2 h = __floats2half2_rn(f[2 * j], f[2 * j + 1]);
-        w[j] = *reinterpret_cast<const uint32_t*>(&h);
+        pair = ((j < 4 ? codes.x : codes.y) >> (8 * (j % 4))) & 0xFFFFu;
+      }
+      const float2 v = CodePairValues<kFmt>(pair);
+      const int i0 = kN == 1 ? 0 : j, i1 = kN == 1 ? 0 : j + 1;
+      f[j] = MulRn(v.x, m0[i0]);
+      f[j + 1] = MulRn(v.y, m0[i1]);
+      if constexpr (kFmt == kNvfp4) {
+        f[j] = MulRn(f[j], m1[i0]);
+        f[j + 1] = MulRn(f[j + 1], m1[i1]);
       }
     }
-    uint4* p = reinterpret_cast<uint4*>(static_cast<uint16_t*>(y) + elem);
-    p[0] = make_uint4(w[0], w[1], w[2], w[3]);
-    p[1] = make_uint4(w[4], w[5], w[6], w[7]);
-  }
-}
-
-template <int kOut>
-__device__ __forceinline__ void StoreOutBits(void* y, int64_t elem, const uint32_t (&bits)[16]) {
-  if constexpr (kOut == kInF32) {
-    uint4* p = reinterpret_cast<uint4*>(static_cast<uint32_t*>(y) + elem);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) p[j] = make_uint4(bits[4 * j], bits[4 * j + 1], bits[4 * j + 2], bits[4 * j + 3]);
+    for (int j = 0; j < E; j += 2) {
+      if constexpr (kOut == kInF32) {
+        out[j] = __float_as_uint(f[j]);
+        out[j + 1] = __float_as_uint(f[j + 1]);
+      } else if constexpr (kOut == kInBf16) {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(f[j], f[j + 1]);
+        out[j / 2] = *reinterpret_cast<const uint32_t*>(&h);
+      } else {
+        const __half2 h = __floats2half2_rn(f[j], f[j + 1]);
+        out[j / 2] = *reinterpret_cast<const uint32_t*>(&h);
+      }
+    }
   } else {
-    uint4* p = reinterpret_cast<uint4*>(static_cast<uint16_t*>(y) + elem);
-    p[0] = make_uint4(bits[0] | bits[1] << 16, bits[2] | bits[3] << 16, bits[4] | bits[5] << 16, bits[6] | bits[7] << 16);
-    p[1] = make_uint4(bits[8] | bits[9] << 16, bits[10] | bits[11] << 16, bits[12] | bits[13] << 16,
-                      bits[14] | bits[15] << 16);
+    const BitFormat of = kOut == kInF32 ? F32Format() : (kOut == kInBf16 ? BF16Format() : F16Format());
+#pragma unroll
+    for (int j = 0; j < E; ++j) {
+      const uint32_t code = kNibbles ? (codes.x >> (4 * j)) & 0xFu : ((j < 4 ? codes.x : codes.y) >> (8 * (j % 4))) & 0xFFu;
+      const uint32_t bits = fast::DequantizeSlow<kFmt>(code, s.Get(kN == 1 ? 0 : j), g, of);
+      if constexpr (kOut == kInF32) {
+        out[j] = bits;
+      } else {
+        out[j / 2] |= bits << (16 * (j % 2));
+      }
+    }
   }
+  return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
-template <int32_t kFmt, int kOut, bool kPacked>
-__global__ void __launch_bounds__(kThreads) DequantRowsVec(DequantizeArgs a, DeqLaunch L) {
-  constexpr int V = VecLen(kFmt, kPacked);
-  constexpr int B = kFmt == kFp8PerTensor ? (1 << 30) : BlockLen(kFmt);
-  constexpr int kNibbles = fast::kFp4(kFmt) && kPacked;
-  const FloatType out = kOut == kInF32 ? FloatType::kF32 : (kOut == kInBf16 ? FloatType::kBF16 : FloatType::kF16);
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < L.chunks; t += stride) {
-    const int64_t row = L.per_row(uint32_t(t)), c = t - row * L.cpr;
-    const int64_t elem = t * V;
-    int64_t scale_row;  // index of the row's first scale entry
-    if constexpr (kFmt == kFp8Blockwise128x128) {
-      const int64_t o = L.per_matrix(uint32_t(row)), r = row - o * L.m_rows;
-      scale_row = (o * L.blocks_along + r / 128) * L.tile_cols;
-    } else if constexpr (kFmt == kFp8PerTensor) {
-      scale_row = row;
-    } else {
-      scale_row = row * L.blocks_along;
+template <int32_t kFmt, int kOut, bool kPacked, int kLayout>
+__global__ void __launch_bounds__(kThreads) DequantVec(DequantizeArgs a, DeqLaunch L) {
+  using S = DeqShape<kFmt, kOut, kPacked, kLayout>;
+  constexpr int E = S::E, U = S::U, kN = S::kScales;
+  constexpr int B = kFmt == kFp8PerTensor ? 1 : BlockLen(kFmt);
+  const int lane = threadIdx.x % 32;
+  const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int64_t warps = int64_t(gridDim.x) * blockDim.x / 32;
+  const int64_t per_row = L.row_len / E;
+  const uint8_t* data = static_cast<const uint8_t*>(a.data);
+  for (int64_t span = warp * 32 * U; span < L.pieces; span += warps * 32 * U) {
+    uint2 codes[U];
+    ScaleRun<kFmt, kN> sc[U];
+    uint32_t g[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {  // every load of the U pieces first
+      const int64_t p = span + 32 * u + lane;
+      codes[u] = make_uint2(0u, 0u);
+      sc[u].Zero();
+      g[u] = kF32One;
+      if (p >= L.pieces) continue;
+      const int64_t row = L.per_row(uint32_t(p)), col = (p - row * per_row) * E;
+      int64_t si, outer = row;  // the piece's first scale entry, and its outer index
+      if constexpr (kLayout == kDeqTiles) {
+        outer = L.per_k(uint32_t(row));
+        const int64_t r = row - outer * L.k;
+        si = (outer * L.blocks_along + r / 128) * L.tile_cols + col / 128;
+      } else if constexpr (kLayout == kDeqCols) {
+        outer = L.per_k(uint32_t(row));
+        const int64_t kk = row - outer * L.k;
+        si = (outer * L.blocks_along + kk / B) * L.row_len + col;
+      } else if constexpr (kFmt == kFp8PerTensor) {
+        si = row;
+      } else {
+        si = row * L.blocks_along + col / B;
+      }
+      codes[u] = LoadCodes<S::kCodeBytes>(data + p * S::kCodeBytes);
+      sc[u].Load(a.scale, si);
+      if constexpr (kFmt == kNvfp4) g[u] = __float_as_uint(a.global_scale[L.per_global(uint32_t(outer))]);
     }
-    const uint32_t g = kFmt == kNvfp4 ? __float_as_uint(a.global_scale[L.per_global(uint32_t(row))]) : kF32One;
-    {
-      const uint4 q = *reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(a.data) + (kNibbles ? elem / 2 : elem));
-      const uint32_t words[4] = {q.x, q.y, q.z, q.w};
-      constexpr int kNb = V > B ? V / B : 1;
-      constexpr int kPer = V / kNb;
-      uint32_t scale[kNb];
-      float m0[kNb], m1[kNb];
-      bool fast_ok = true;
 #pragma unroll
-      for (int b = 0; b < kNb; ++b) {
-        const int64_t si = kFmt == kFp8PerTensor ? scale_row : scale_row + (c * V + b * kPer) / B;
-        scale[b] = LoadScale(a.scale, kFmt, si);
-        fast_ok = fast::DequantParams<kFmt>(scale[b], g, &m0[b], &m1[b]) && fast_ok;
-      }
-#pragma unroll
-      for (int j = 0; j < 4; ++j) fast_ok = fast_ok && !fast::AnySpecialCode4<kFmt>(words[j]);
-#pragma unroll
-      for (int h = 0; h < V / 16; ++h) {  // 16 outputs at a time (packed FP4: two halves of 16)
-        if (fast_ok) {
-          float f[16];
-#pragma unroll
-          for (int j = 0; j < 16; j += 2) {
-            const int e = h * 16 + j;
-            uint32_t pair;
-            if constexpr (kNibbles) {
-              const uint32_t byte = (words[e / 8] >> (4 * (e % 8))) & 0xFFu;
-              pair = (byte & 0xFu) | ((byte >> 4) << 8);
-            } else {
-              pair = (words[e / 4] >> (8 * (e % 4))) & 0xFFFFu;
-            }
-            const float2 vv = CodePairValues<kFmt>(pair);
-            const int b = e / kPer;
-            f[j] = MulRn(vv.x, m0[b]);
-            f[j + 1] = MulRn(vv.y, m0[b]);
-            if constexpr (kFmt == kNvfp4) {
-              f[j] = MulRn(f[j], m1[b]);
-              f[j + 1] = MulRn(f[j + 1], m1[b]);
-            }
-          }
-          StoreOut<kOut>(a.y, elem + h * 16, f);
-        } else {
-          uint32_t bits[16];
-#pragma unroll
-          for (int j = 0; j < 16; ++j) {
-            const int e = h * 16 + j;
-            const uint32_t code = kNibbles ? (words[e / 8] >> (4 * (e % 8))) & 0xFu : (words[e / 4] >> (8 * (e % 4))) & 0xFFu;
-            bits[j] = fast::DequantizeSlow<kFmt>(code, scale[e / kPer], g, OutputFormat(out));
-          }
-          StoreOutBits<kOut>(a.y, elem + h * 16, bits);
-        }
-      }
+    for (int u = 0; u < U; ++u) {
+      const int64_t p = span + 32 * u + lane;
+      if (p >= L.pieces) break;
+      reinterpret_cast<uint4*>(a.y)[p] = DequantPiece<kFmt, kOut, S::kNibbles, E, kN>(codes[u], sc[u], g[u]);
     }
   }
 }

@@ -345,6 +345,21 @@ GPUEXT_HD float DequantFastValue(uint32_t code, float m0, float m1) {
   return kFmt == kNvfp4 ? MulRn(y, m1) : y;
 }
 
+// ------------------------------------------------------------------------ warp-contiguous staging
+// The row kernels give a thread V contiguous elements (its blocks' amax needs them together), W
+// 16-byte pieces of input. Loading them as they lie puts each load instruction's 32 lanes 16 W bytes
+// apart: every 32-byte sector is half read by one instruction and half by the next (round 2 of issue
+// 35, docs/design.md). So a warp loads its 32 W pieces warp-contiguously instead (load j of lane l is
+// piece 32 j + l: 512 contiguous bytes per instruction), writes them to shared memory, and each lane
+// reads back pieces l W + i. Slot of piece p: p with its low bits XORed by (p / 8) mod W, so that both
+// the writes and the reads of each quarter-warp (8 lanes x 16 bytes, one shared-memory wavefront)
+// hit 8 distinct 16-byte bank groups (tests/formats/test_quantize_sass.py checks every W on the host).
+template <int W>
+GPUEXT_HD constexpr int StageSlot(int p) {
+  static_assert(W == 1 || W == 2 || W == 4 || W == 8, "W: 16-byte pieces per thread, a power of two <= 8");
+  return p ^ ((p >> 3) & (W - 1));
+}
+
 // Whether any of 4 packed codes is a NaN or Inf code (those take the scalar rule).
 template <int32_t kFmt>
 GPUEXT_HD bool AnySpecialCode4(uint32_t w) {

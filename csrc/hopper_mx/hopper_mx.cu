@@ -71,11 +71,20 @@ Status LaunchConfig(const Problem& p, cudaStream_t stream) {
   args.k_blocks = static_cast<int>(k_blocks);
   args.out_type = static_cast<int>(p.out_type);
   args.out_batch_stride = p.m * p.n;
+  // What the epilogue's rescan reads (elements whose float32 sum is not finite; promote.h).
+  RescanArgs rescan;
+  rescan.a = static_cast<const uint8_t*>(p.a);
+  rescan.b = static_cast<const uint8_t*>(p.b);
+  rescan.sa = p.a_scale;
+  rescan.sb = p.b_scale;
+  rescan.k = p.k;
+  rescan.m_pad = PaddedScaleDim(p.m);
+  rescan.n_pad = PaddedScaleDim(p.n);
   const int64_t tiles = ((p.m + kBlockM - 1) / kBlockM) * ((p.n + kBlockN - 1) / kBlockN);
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.batch));  // Validate: fits
   DiscardStaleError();
   HopperMxKernel<kConsumers, kBlockN, kStages, kA, kB>
-      <<<grid, 128 * (kConsumers + 1), L::kBytes, stream>>>(map_a, map_b, map_sa, map_sb, args);
+      <<<grid, 128 * (kConsumers + 1), L::kBytes, stream>>>(map_a, map_b, map_sa, map_sb, args, rescan);
   GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("HopperMxKernel");
   return Status::Ok();
 }

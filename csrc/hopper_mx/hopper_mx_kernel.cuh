@@ -19,7 +19,10 @@
 //
 // Edges: rows/columns past M/N and K past the end are zero-filled by TMA (scales too, so those
 // blocks add 0); the epilogue stores only in-range elements. Deterministic: fixed K order, no
-// split-K, no atomics.
+// split-K, no atomics. An element whose float32 sum is not finite (inf / NaN operands, or terms
+// past float32's range: scales near 2^127) is recomputed after the store in a scaled domain
+// (promote.h, RescanElement), so inf - inf cannot turn a result the definition rounds to +-inf
+// into NaN.
 #pragma once
 
 #include <cuda.h>
@@ -28,6 +31,7 @@
 
 #include <cstdint>
 
+#include "csrc/hopper_mx/promote.h"  // ScaleInWindow, PromoteExact, RescanElement
 #include "csrc/hopper_mx/ptx.cuh"
 #include "csrc/hopper_mx/wgmma_fp8.cuh"
 
@@ -67,30 +71,16 @@ struct KernelArgs {
   long long out_batch_stride;
 };
 
-// The promotion's scale step (see the comment at its use in HopperMxKernel). A nonzero partial of
-// 32 FP8 products has 2^-32 <= |part| < 2^37 (E5M2 x E5M2 extremes), so part * s is a normal fp32
-// (or zero), hence exact for power-of-two s, whenever 2^-94 <= |s| < 2^92: fp32 exponent fields
-// 33..218, the E8M0 codes 33..218. One unsigned compare.
-__device__ __forceinline__ bool ScaleInWindow(float s) {
-  return ((__float_as_uint(s) >> 23) & 0xFFu) - 33u <= 218u - 33u;
-}
-
-// acc + part * sa * sb with the FFMA's one rounding wherever that term is representable, for every
-// pair of E8M0 scales (issue 34, finding 2; docs/design.md "The smallest and largest MX scales"):
-//   sa in the window: (part * sa) exact, then fma(x, sb, acc) (the fast step's order);
-//   else sb in the window: the other order, (part * sb) exact, then fma(x, sa, acc);
-//   else both outside: in opposite directions (one below 2^-94, one at or above 2^92) sa * sb is
-//     a normal power of two in [2^-35, 2^33), and fma(part, sa * sb, acc) takes the exact product;
-//     in the same direction the term is below 2^-150 (rounds to nothing) or overflows whatever
-//     the order, and the fast step's order keeps a zero partial zero (0 * inf would be NaN).
-// A NaN scale gives NaN in every branch, as in the fast step.
-__device__ __forceinline__ float PromoteExact(float part, float sa, float sb, float acc) {
-  if (ScaleInWindow(sa)) return fmaf(part * sa, sb, acc);
-  if (ScaleInWindow(sb)) return fmaf(part * sb, sa, acc);
-  const float s = sa * sb;
-  const unsigned e = (__float_as_uint(s) >> 23) & 0xFFu;
-  return (e != 0u && e != 0xFFu) ? fmaf(part, s, acc) : fmaf(part * sa, sb, acc);
-}
+// The arithmetic of a kernel's rescan (the elements whose float32 sum left the finite range;
+// promote.h): where the operands and their scales are in global memory.
+struct RescanArgs {
+  const uint8_t* a;   // [batch, m, k] FP8
+  const uint8_t* b;   // [batch, n, k] FP8
+  const float* sa;    // [batch, k/32, m_pad]
+  const float* sb;    // [batch, k/32, n_pad]
+  long long k;
+  long long m_pad, n_pad;
+};
 
 __device__ __forceinline__ void StorePair(const KernelArgs& args, long long base, int row, int col,
                                           float v0, float v1, bool vec_ok) {
@@ -132,11 +122,22 @@ __device__ __forceinline__ void StorePair(const KernelArgs& args, long long base
   }
 }
 
+// One element (the rescan's): as StorePair's first, without the pairing.
+__device__ __forceinline__ void StoreOne(const KernelArgs& args, long long base, int row, int col, float v) {
+  if (row >= args.m || col >= args.n) return;
+  const long long idx = base + static_cast<long long>(row) * args.n + col;
+  switch (args.out_type) {
+    case 0: static_cast<float*>(args.out)[idx] = v; break;
+    case 1: static_cast<__nv_bfloat16*>(args.out)[idx] = __float2bfloat16_rn(v); break;
+    default: static_cast<__half*>(args.out)[idx] = __float2half_rn(v); break;
+  }
+}
+
 template <int kConsumers, int kBlockN, int kStages, Fp8 kA, Fp8 kB>
 __global__ void __launch_bounds__(128 * (kConsumers + 1), 1)
     HopperMxKernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                    const __grid_constant__ CUtensorMap map_sa, const __grid_constant__ CUtensorMap map_sb,
-                   const KernelArgs args) {
+                   const KernelArgs args, const RescanArgs rescan) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = SmemLayout<kConsumers, kBlockN, kStages>;
   constexpr int kBlockM = L::kBlockM;
@@ -244,7 +245,8 @@ __global__ void __launch_bounds__(128 * (kConsumers + 1), 1)
         // per accumulator. NVFP4 (E4M3 scales, E2M1 partials) is exact too unless a global scale
         // was folded into the scales (24-bit mantissas): then part * sa rounds once more (<= 2^-24
         // relative), in either path. tests/dot/test_hopper_mx.py checks these bounds on a CPU
-        // model of the two instructions, tests/dot/test_extreme_scales.py PromoteExact's.
+        // model of the two instructions, and runs PromoteExact and the rescan themselves
+        // (promote.h, built with g++ by tests/native/hopper_mx_promote.cc) against float64.
         const float sa0 = sa[j * kBlockM + row0];
         const float sa1 = sa[j * kBlockM + row0 + 8];
         const float2* sb2 = reinterpret_cast<const float2*>(sb + j * kBlockN) + quad;
@@ -283,6 +285,31 @@ __global__ void __launch_bounds__(128 * (kConsumers + 1), 1)
     const int col = n0 + 8 * c8 + 2 * quad;
     StorePair(args, base, m0 + row0, col, acc[4 * c8 + 0], acc[4 * c8 + 1], vec_ok);
     StorePair(args, base, m0 + row0 + 8, col, acc[4 * c8 + 2], acc[4 * c8 + 3], vec_ok);
+  }
+
+  // ------------------------------------------------------------------ rescan (rare)
+  // An element whose float32 sum is not finite: an inf / NaN operand or scale, or terms and sums
+  // past float32's range, where inf - inf made a NaN of what the definition rounds to +-inf
+  // (promote.h, RescanElement). Recomputed from global memory, one element at a time, over the
+  // set bits of a mask (acc is never indexed at run time: it stays in registers); ordinary
+  // operands cost the mask's ~3 instructions per accumulator, once per tile.
+  static_assert(kAccRegs <= 64, "one bit per accumulator");
+  unsigned long long bad = 0;
+#pragma unroll
+  for (int i = 0; i < kAccRegs; ++i) bad |= static_cast<unsigned long long>(!IsFinite(acc[i])) << i;
+  while (bad != 0) {
+    const int i = __ffsll(static_cast<long long>(bad)) - 1;
+    bad &= bad - 1;
+    const int row = m0 + row0 + 8 * ((i >> 1) & 1), col = n0 + 8 * (i >> 2) + 2 * quad + (i & 1);
+    if (row >= args.m || col >= args.n) continue;
+    const long long k = rescan.k;
+    const float v = RescanElement(rescan.a + (static_cast<long long>(batch) * args.m + row) * k,
+                                  rescan.b + (static_cast<long long>(batch) * args.n + col) * k,
+                                  rescan.sa + static_cast<long long>(batch) * args.k_blocks * rescan.m_pad + row,
+                                  rescan.m_pad,
+                                  rescan.sb + static_cast<long long>(batch) * args.k_blocks * rescan.n_pad + col,
+                                  rescan.n_pad, args.k_blocks, kA == Fp8::kE5M2, kB == Fp8::kE5M2);
+    StoreOne(args, base, row, col, v);
   }
 #endif  // sm_90a
 }

@@ -181,7 +181,22 @@ ffi::Error RaggedDotHopperInitialize(int32_t device, ffi::RemainingArgs, ffi::Re
   return ffi::Error::Success();
 }
 
+// Every stage of a target decodes the call's attributes: the weight gradient's initialize stage
+// must take its `m` (unused here) or XLA refuses the call ("Wrong number of attributes: expected 0
+// but got 1 with name(s): m", the H200 run of 3ff9b82).
+ffi::Error RaggedDotHopperWgradInitialize(int32_t device, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                                          int64_t /*m*/) {
+  return RaggedDotHopperInitialize(device, args, rets);
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RaggedDotHopperWgradInitializeFfi, RaggedDotHopperWgradInitialize,
+                              ffi::Ffi::Bind<ffi::ExecutionStage::kInitialize>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .RemainingArgs()
+                                  .RemainingRets()
+                                  .Attr<int64_t>("m"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RaggedDotHopperInitializeFfi, RaggedDotHopperInitialize,
                               ffi::Ffi::Bind<ffi::ExecutionStage::kInitialize>()
@@ -218,8 +233,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(RaggedDotHopperWgradFfi, RaggedDotHopperWgradImpl,
 
 GPUEXT_REGISTER_FFI_STAGE("gpuext_ragged_dot_hopper", "initialize", RaggedDotHopperInitializeFfi);
 GPUEXT_REGISTER_FFI_TARGET("gpuext_ragged_dot_hopper", RaggedDotHopperFfi);
-// The weight gradient's kernels are set up by the same initialize stage (hg::Prepare sets up both).
-GPUEXT_REGISTER_FFI_STAGE("gpuext_ragged_dot_hopper_wgrad", "initialize", RaggedDotHopperInitializeFfi);
+// The weight gradient's kernels are set up by the same preparation (hg::Prepare sets up both), through
+// a binding that takes its attribute.
+GPUEXT_REGISTER_FFI_STAGE("gpuext_ragged_dot_hopper_wgrad", "initialize", RaggedDotHopperWgradInitializeFfi);
 GPUEXT_REGISTER_FFI_TARGET("gpuext_ragged_dot_hopper_wgrad", RaggedDotHopperWgradFfi);
 
 }  // namespace gpuext

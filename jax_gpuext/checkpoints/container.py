@@ -112,7 +112,12 @@ def _fp6_unpack(packed: np.ndarray) -> np.ndarray:
 def _regular_file(path: str):
     """(fd, stat) of ``path`` opened for reading. O_NONBLOCK: a FIFO named as a checkpoint is
     refused instead of blocking the caller until someone writes to it."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise
+    except OSError as e:  # a socket (ENXIO), a symlink loop, no permission: named, as any other refusal
+        raise CheckpointError(f"{path}: cannot be opened for reading ({e.strerror})") from e
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

@@ -3,7 +3,8 @@
 device code (``nvshmem_version``), the gates (``gates``: each says yes
 or no with a reason), backend selection per op (``backends``), the verification record of the GPU
 backends (``verified`` + ``verified.json``), ``explain``, the ``capabilities`` report, CPU features
-(``cpu_features``), errors (``errors``) and the old module names (``legacy``).
+(``cpu_features``), errors (``errors``), the environment variables (``env``) and the eager-call cache
+and export checks of the ops (``eager``, ``export``).
 
 May import: the standard library, jax / numpy, and other modules of ``common``. Never a capability
 package (``formats``, ``dot``, ``collectives``, ``memory``, ``checkpoints``), not even inside a

@@ -314,8 +314,7 @@ def evidence(result: dict, component: str, translations: dict | None = None) -> 
     never reaches the junit file)."""
     tests = result.get("gpu_tests", {})
     cases = [c for c in tests.get("cases", []) if component in c.get("verifies", [])]
-    cut = [g for g in tests.get("cut_short", [])
-           if g.get("verifies_collected") is None or component in g["verifies_collected"]]
+    cut = [g for g in tests.get("cut_short", []) if _blames(tests, g, component, cases, result)]
     cc = str(result.get("device", {}).get("compute_cap", ""))
     fps, how = results_fingerprints(result, translations)
     features: dict[str, dict] = {}
@@ -334,6 +333,33 @@ def evidence(result: dict, component: str, translations: dict | None = None) -> 
         "skipped": [c["test"] for c in cases if c["outcome"] == "skipped"],
         "cut_short": [g["group"] for g in cut],
     }
+
+
+def _in_group(case: dict, group: str, members: set | None) -> bool:
+    if "group" in case:
+        return case["group"] == group
+    return members is not None and case["test"] in members
+
+
+def _blames(tests: dict, cut: dict, component: str, cases: list, result: dict) -> bool:
+    """Does group ``cut``, cut short (a hang, or its step's bound), hide a test of ``component``?
+
+    With the group's collected counts (``gpu_tests.collected_counts``, written since the runs
+    record them; for older runs derived from the commit's own test collection, see
+    scripts/collected_tests.py) only when some selected test of the component did not finish:
+    a group cut after all of a component's tests ran hides nothing of it. Without them, whenever
+    the group could hold its tests."""
+    name = cut["group"]
+    counts = (tests.get("collected_counts") or {}).get(name)
+    if counts is None:
+        return cut.get("verifies_collected") is None or component in cut["verifies_collected"]
+    members = set((tests.get("collected_tests") or {}).get(name, [])) or None
+    for feature, selected in counts.get(component, {}).items():
+        finished = sum(1 for c in cases if _in_group(c, name, members)
+                       and case_feature(result, c, component) == feature)
+        if finished < selected:
+            return True
+    return False
 
 
 def passes(ev: dict) -> bool:

@@ -27,6 +27,7 @@ import numpy as np
 from jax import lax
 
 from jax_gpuext import formats
+from jax_gpuext.common import backends
 from jax_gpuext.dot import scale_range
 from jax_gpuext.formats import reference as _fref
 from jax_gpuext.formats.quantize import _broadcast_leading
@@ -315,41 +316,91 @@ def _reference_acc(lhs, rhs, p: DotProblem) -> jax.Array:
 
 
 def _reference(lhs, rhs, p: DotProblem) -> jax.Array:
-    if p.lhs_format.family == "mx":
+    family = p.lhs_format.family
+    if family == "mx":
         # E8M0 scales reach 2^-127 (a float32 subnormal, flushed by XLA:CPU) and 2^127 (448 x 2^127
         # overflows): the one float32 dot where it is exact, else scale_range's exponent classes
         # (docs/design.md, "The smallest and largest MX scales").
         return scale_range.dot(functools.partial(_reference_acc, p=p), lhs, rhs, p.bmnk[3], p.out_dtype)
+    if family == "fp8_block" and backends.current_platform() == "cpu":
+        # float32 block scales down to 2^-126 (quantize's clamp; hand-built: any): element x scale
+        # below 2^-126 is flushed by XLA:CPU; the same exponent classes where the scales leave
+        # the window. XLA:GPU keeps float32 subnormals (docs/design.md, same section).
+        return scale_range.dot(functools.partial(_reference_acc, p=p), lhs, rhs, p.bmnk[3], p.out_dtype,
+                               expand=expand_per_block)
+    if family == "fp8_tensor":
+        return _per_tensor_reference(lhs, rhs, p)
     # Global scales multiply the fp32 accumulator once, as the math above states (not each element).
     return apply_global_scales(_reference_acc(lhs, rhs, p), lhs, rhs, p.out_dtype)
 
 
+def expand_per_block(q, values) -> jax.Array:
+    """Per-block ``values`` (shaped like ``q.scale``) broadcast to ``q.data``'s shape by ``q``'s own
+    blocks (1-D or FP8_128x128's 2-D): ``scale_range``'s ``expand`` for the dense dot."""
+    return _expanded_scale(scale_range.replaced(q, q.data, values), format_info(q.format))
+
+
+def _per_tensor_reference(lhs, rhs, p: DotProblem) -> jax.Array:
+    """FP8_TENSOR: one scale per operand (or per leading batch entry) factors out of the sum, so
+    the float32 dot of the elements (E4M3 / E5M2 products are normal float32 numbers: nothing
+    to flush) times s_l * s_r formed with an unbounded exponent (``scaled_product``): element x
+    scale below 2^-126, flushed by XLA:CPU, and s_l * s_r below float32's range (issue 34) are
+    both out of the way, and no operand is dequantized."""
+    dn = ((p.lhs_contract, p.rhs_contract), (p.lhs_batch, p.rhs_batch))
+    acc = lax.dot_general(lhs.data.astype(jnp.float32), rhs.data.astype(jnp.float32), dn,
+                          precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+    return scaled_product(acc, *[_broadcast_leading(q.scale.astype(jnp.float32), acc.ndim) for q in (lhs, rhs)],
+                          p.out_dtype)
+
+
 def apply_global_scales(acc, lhs, rhs, out_dtype) -> jax.Array:
     """``acc * (gs_l * gs_r)`` cast to ``out_dtype`` (NVFP4; without global scales the cast alone),
-    with the product of the two global scales formed with an unbounded exponent: two float32
-    scales of 2^-80 multiply to 2^-160, below float32's range, although acc x 2^-160 may be an
-    ordinary number (issue 34: a representable result is not lost to an intermediate scale
-    factor). The same roundings as the float32 expression (gs_l * gs_r to 24 bits, the product to
-    24 bits, then the output type) wherever that stays in float32's normal range, on bit patterns
-    (``formats.reference``: no float operation XLA:CPU could flush). A NaN / Inf anywhere takes the
-    float32 expression's result."""
+    by ``scaled_product``: two float32 scales of 2^-80 multiply to 2^-160, below float32's range,
+    although acc x 2^-160 may be an ordinary number (issue 34: a representable result is not lost
+    to an intermediate scale factor)."""
     if lhs.global_scale is None and rhs.global_scale is None:
         return acc.astype(out_dtype)
-    gl, gr = _global(lhs, acc.ndim), _global(rhs, acc.ndim)
+    return scaled_product(acc, _global(lhs, acc.ndim), _global(rhs, acc.ndim), out_dtype)
+
+
+def scaled_product(acc, gl, gr, out_dtype) -> jax.Array:
+    """``(acc * (gl * gr)).astype(out_dtype)`` for float32 ``acc`` and scale factors ``gl``, ``gr``
+    (broadcasting against it), with the products formed with an unbounded exponent: the same
+    roundings as the float32 expression (gl * gr to 24 bits, the product to 24 bits, then the
+    output type) wherever that stays in float32's normal range, on bit patterns
+    (``formats.reference``: no float operation XLA:CPU could flush), and a result that is
+    representable although a factor or an intermediate product is not (2^-80 x 2^-80) comes out.
+    A NaN / Inf anywhere takes the float32 expression's result. Differentiable as the float32
+    expression is (the bit patterns have no derivative). Shared by the dense and grouped dots
+    (NVFP4's global scales, FP8_TENSOR's per-tensor scales)."""
+    acc, gl, gr = (jnp.asarray(v, jnp.float32) for v in (acc, gl, gr))
+    return _scaled_product(acc, gl, gr, jnp.dtype(out_dtype))
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
+def _scaled_product(acc, gl, gr, out_dtype):
     plain = (acc * (gl * gr)).astype(out_dtype)
-    parts = [_fref.decode(lax.bitcast_convert_type(jnp.asarray(v, jnp.float32), jnp.uint32), _fref.F32)
-             for v in (acc, gl, gr)]
+    parts = [_fref.decode(lax.bitcast_convert_type(v, jnp.uint32), _fref.F32) for v in (acc, gl, gr)]
     (sa, ka, ma), (sl, kl, ml), (sr, kr, mr) = parts
     kg, mg = _fref.multiply(kl, ml, kr, mr)
     ky, my = _fref.multiply(ka, ma, kg, mg)
     zero = (ma == 0) | (ml == 0) | (mr == 0)
-    code = _fref.round_to(sa ^ sl ^ sr, ky, jnp.where(zero, 0, my), scale_range.OUT_FORMATS[jnp.dtype(out_dtype)])
-    if jnp.dtype(out_dtype) == jnp.float32:
+    code = _fref.round_to(sa ^ sl ^ sr, ky, jnp.where(zero, 0, my), scale_range.OUT_FORMATS[out_dtype])
+    if out_dtype == jnp.float32:
         exact = lax.bitcast_convert_type(code, jnp.float32)
     else:
         exact = lax.bitcast_convert_type(code.astype(jnp.uint16), out_dtype)
     finite = jnp.isfinite(acc) & jnp.isfinite(gl) & jnp.isfinite(gr)
     return jnp.where(finite, exact, plain)
+
+
+@_scaled_product.defjvp
+def _scaled_product_jvp(out_dtype, primals, tangents):
+    acc, gl, gr = primals
+    da, dl, dr = tangents
+    y = _scaled_product(acc, gl, gr, out_dtype)
+    dy = da * (gl * gr) + acc * (dl * gr) + acc * (gl * dr)
+    return y, jnp.broadcast_to(dy, y.shape).astype(out_dtype)
 
 
 # --------------------------------------------------------------------------- canonical form

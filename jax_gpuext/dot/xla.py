@@ -179,6 +179,13 @@ def _per_tensor_dot(lhs, rhs, p: _dot.DotProblem, sel) -> jax.Array:
     # A scale with leading dims (quantized under vmap) has one value per entry of the first
     # batch dims (validated in dot._problem), which lead dot_general's output too.
     scales = [_broadcast_leading(q.scale.astype(jnp.float32), acc.ndim) for q in (lhs, rhs)]
+    if backends.current_platform() == "cpu":
+        # s_l * s_r can leave float32 (2^-80 x 2^-80), and XLA:CPU flushes a subnormal product:
+        # formed with an unbounded exponent, rounded once (as the reference; issue 34)
+        return _dot.scaled_product(acc, *scales, p.out_dtype)
+    # On CUDA the pattern XLA's GEMM rewriter turns into one cuBLASLt FP8 matmul with its scales as
+    # alpha; subnormals are kept there, and only a scale product beyond float32's range (which
+    # quantize's scales, amax / 448 of real data, do not reach) is not representable
     return (acc * (scales[0] * scales[1])).astype(p.out_dtype)
 
 

@@ -32,7 +32,7 @@ from jax import lax
 
 from jax_gpuext import formats
 from jax_gpuext.common.errors import UnsupportedError
-from jax_gpuext.dot.common import format_info
+from jax_gpuext.dot.common import format_info, scaled_product
 
 OP = "ragged_dot"
 MODES = ("ragged_m", "ragged_contract")
@@ -226,14 +226,16 @@ def global_scale_of(q) -> jax.Array:
 
 def apply_global_scales(acc, lhs, rhs, group_sizes, p: RaggedProblem) -> jax.Array:
     """The float32 accumulator times the operands' global scales (NVFP4), cast to the output dtype.
-    A per-group rhs scale (``rhs_global_per_group``) multiplies each row by its group's value."""
-    if p.has_global_scale:
-        acc = acc * global_scale_of(lhs)
-        gr = global_scale_of(rhs)
-        if p.rhs_global_per_group:  # ragged_m: rows past the groups are zero whatever they are scaled by
-            gr = jnp.concatenate([gr, jnp.ones((1,), jnp.float32)])[row_groups(group_sizes, p.M)][:, None]
-        acc = acc * gr
-    return acc.astype(p.out_dtype)
+    A per-group rhs scale (``rhs_global_per_group``) multiplies each row by its group's value. The
+    two scales' product is formed with an unbounded exponent (``dot.common.scaled_product``, as the
+    dense dot's): two scales of 2^-80 multiply to 2^-160, below float32, although acc x 2^-160
+    may be an ordinary number (issue 34, finding 2)."""
+    if not p.has_global_scale:
+        return acc.astype(p.out_dtype)
+    gr = global_scale_of(rhs)
+    if p.rhs_global_per_group:  # ragged_m: rows past the groups are zero whatever they are scaled by
+        gr = jnp.concatenate([gr, jnp.ones((1,), jnp.float32)])[row_groups(group_sizes, p.M)][:, None]
+    return scaled_product(acc, global_scale_of(lhs), gr, p.out_dtype)
 
 
 # --------------------------------------------------------------------------- grouped arrays
@@ -280,7 +282,9 @@ class GroupedBlockScaledArray:
 
 def check_grouped_format(fmt, what: str) -> formats.BlockFormat:
     """A format whose blocks can restart per group: one block axis, not per-tensor."""
-    if isinstance(fmt, str) and fmt in formats.FORMATS:
+    if isinstance(fmt, str):  # a name, as quantize takes it
+        if fmt not in formats.FORMATS:
+            raise ValueError(f"{what}: unknown format {fmt!r}; known formats: {sorted(formats.FORMATS)}")
         fmt = formats.FORMATS[fmt]
     if not isinstance(fmt, formats.BlockFormat):
         raise TypeError(f"{what}: format must be a jax_gpuext.BlockFormat (one of {sorted(formats.FORMATS)}), "

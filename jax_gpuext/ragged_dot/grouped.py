@@ -114,7 +114,7 @@ def dequantize_grouped(q, group_sizes, dtype=jnp.float32, *, backend: str = "aut
     if group_sizes.shape[0] != q.groups:
         raise ValueError(f"{what}: the array was quantized in {q.groups} groups but group_sizes has shape "
                          f"{tuple(group_sizes.shape)}")
-    ndim, ax = q.data.ndim, q.axis % q.data.ndim
+    ax = q.axis % q.data.ndim
     m, b = q.data.shape[ax], q.format.block[0]
     layout = common.grouped_layout(group_sizes, m, b)
     rows, valid = common.slot_rows(layout, q.scale.shape[ax])

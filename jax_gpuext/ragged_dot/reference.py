@@ -14,22 +14,32 @@ A group's result depends only on its own rows and its own weights: a NaN / Inf a
 reach it.
 
 Global scales (NVFP4) multiply the float32 accumulator, per group for a per-group rhs scale, and
-the result is cast to the output dtype once. It costs G dense dots (no data-dependent shapes): a
-definition, not a fast path.
+the result is rounded to the output dtype once (``common.apply_global_scales``). It costs G dense
+dots (no data-dependent shapes): a definition, not a fast path.
+
+MX operands whose E8M0 scales (and, on CPU, FP8 blockwise operands whose float32 scales) leave
+``dot.scale_range.in_window`` (a dequantized element or a
+product outside float32's normal range, or a sum that could overflow) run these dots once per pair
+of scale-exponent classes and combine them by exponent arithmetic, as the dense reference does
+(docs/design.md, "The smallest and largest MX scales"); inside it, exactly the dots above.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax.numpy as jnp
 from jax import lax
 
 from jax_gpuext.common import backends
+from jax_gpuext.dot import scale_range
 from jax_gpuext.ragged_dot import common
 
 HIGHEST = lax.Precision.HIGHEST
 
 
-def impl(lhs, rhs, group_sizes, p: common.RaggedProblem, sel=None):
+def _accumulate(lhs, rhs, group_sizes, p: common.RaggedProblem):
+    """The float32 accumulator, global scales not applied."""
     groups = common.row_groups(group_sizes, p.M)
     if p.mode == "ragged_m":
         a = common.dequantized(lhs)  # (M, K)
@@ -59,7 +69,26 @@ def impl(lhs, rhs, group_sizes, p: common.RaggedProblem, sel=None):
                            preferred_element_type=jnp.float32)
 
         acc = lax.map(group, jnp.arange(p.G, dtype=jnp.int32)) if p.G else jnp.zeros((0, p.K, p.N), jnp.float32)
-    return common.apply_global_scales(acc, lhs, rhs, group_sizes, p)
+    return acc
+
+
+def impl(lhs, rhs, group_sizes, p: common.RaggedProblem, sel=None):
+    if p.family == "mx" or (p.family == "fp8_block" and backends.current_platform() == "cpu"):
+        # E8M0 scales reach 2^-127 (a float32 subnormal, flushed by XLA:CPU) and 2^127 (448 x 2^127
+        # overflows); float32 block scales reach 2^-126 (element x scale flushed on CPU; XLA:GPU
+        # keeps float32 subnormals): the float32 dots where scale_range's window holds, else its
+        # exponent classes, each a grouped dot (docs/design.md, "The smallest and largest MX scales").
+        return scale_range.dot(lambda a, b: _accumulate(a, b, group_sizes, p), lhs, rhs,
+                               p.K if p.mode == "ragged_m" else p.M, p.out_dtype,
+                               expand=functools.partial(class_expand, group_sizes=group_sizes))
+    return common.apply_global_scales(_accumulate(lhs, rhs, group_sizes, p), lhs, rhs, group_sizes, p)
+
+
+def class_expand(q, values, group_sizes):
+    """Per-block ``values`` (shaped like ``q.scale``) broadcast to ``q.data``'s shape by ``q``'s own
+        layout (a grouped array's blocks restart at each group): ``scale_range``'s ``expand`` for the
+    grouped dot's operands (the ``xla`` backend's too)."""
+    return common.expanded_scale(scale_range.replaced(q, q.data, values), group_sizes)
 
 
 BACKEND = backends.Backend(

@@ -30,14 +30,18 @@ The tiles run ``C`` at a time (``chunk_size``: the gathered weights or the float
 chunk stay under ``CHUNK_BYTES``), in a ``lax.map`` / ``fori_loop`` of static trip count when
 T > C: XLA:GPU runs such a loop without reading anything back to the host.
 
-Numerics, as before: MX and NVFP4 operands dequantized to bfloat16 where element x scale is
-exact there (the dense ``xla`` backend's rule and run-time ``lax.cond``; ``dot_xla``), else
-float32 at HIGHEST precision; FP8 blockwise in float32 at HIGHEST precision (float32 block
-scales make element x scale inexact in bfloat16). Global scales multiply the float32 result
-(``common.apply_global_scales``). The result equals the reference up to the order of the float32
-accumulation. Group sizes go in as ``common.group_ends`` clamps them (negative sizes 0, groups
-cut at M). Transformations: vmap and shard_map batch the gathers, dots and loops with jax's own
-rules; a symbolic M (jax.export) gets a symbolic T (``plan``).
+Numerics: NVFP4 operands dequantized to bfloat16 (element x scale is exact there for these
+formats, ``dot.xla.exact_statically``); MX operands too where ``dot.scale_range.in_window`` holds
+(every element x scale and product a normal number, nothing overflows: checked on the scales by
+``lax.cond``), else the same tiles once per pair of scale-exponent classes, combined by exponent
+arithmetic (``scale_range.dot``, docs/design.md "The smallest and largest MX scales"); FP8
+blockwise in float32 at HIGHEST precision (float32 block scales make element x scale inexact in
+bfloat16), on CPU behind the same window (XLA:CPU flushes an element x scale below 2^-126).
+Global scales multiply the float32 result (``common.apply_global_scales``). The result equals the
+reference up to the order of the float32 accumulation. Group sizes go in as
+``common.group_ends`` clamps them (negative sizes 0, groups cut at M). Transformations: vmap and
+shard_map batch the gathers, dots and loops with jax's own rules; a symbolic M (jax.export) gets
+a symbolic T (``plan``).
 """
 
 from __future__ import annotations
@@ -50,9 +54,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from jax_gpuext.common import backends
-from jax_gpuext.dot import xla as dot_xla
-from jax_gpuext.dot.common import format_info
-from jax_gpuext.ragged_dot import common
+from jax_gpuext.dot import scale_range
+from jax_gpuext.ragged_dot import common, reference
 
 TILE = 128  # rows per tile: the padding bound (< one tile per group) and the rows each weight read serves
 # Bytes of a chunk's gathered weights (ragged_m) or float32 partials (ragged_contract): C = CHUNK_BYTES
@@ -250,29 +253,40 @@ def impl(lhs, rhs, group_sizes, p: common.RaggedProblem, sel=None):
         if sel is not None:
             backends.note(sel, "FP8 blockwise: float32 operands at HIGHEST precision (float32 block scales are not "
                                "exact in bf16)")
+        if backends.current_platform() == "cpu":
+            # element x scale below 2^-126 is flushed by XLA:CPU (quantize clamps scales at 2^-126):
+            # the exponent classes where the scales leave the window, as for MX below
+            return scale_range.dot(lambda a, b: f32(a, b, group_sizes), lhs, rhs,
+                                   p.K if p.mode == "ragged_m" else p.M, p.out_dtype,
+                                   expand=functools.partial(reference.class_expand, group_sizes=group_sizes))
         acc = f32(lhs, rhs, group_sizes)
+    elif p.family == "mx":
+        # Exact in bf16 is not enough: XLA:CPU flushes subnormals (an element x 2^-127, a product
+        # below 2^-126) and 448 x 2^127 overflows. Inside scale_range's window every element x
+        # scale and product is a normal number and the bf16 tiles are exact; else the same tiles
+        # per pair of scale-exponent classes (a loop; the tiles' work times at most 17), combined
+        # by exponent arithmetic (docs/design.md, "The smallest and largest MX scales").
+        if sel is not None:
+            backends.note(sel, "bf16 dequantize (f32 accumulation) when the E8M0 scales keep every element x scale and "
+                               "product a normal float (scale_range.in_window); else the same tiles per class of 64 "
+                               "scale exponents, combined by exponent arithmetic (lax.cond on the scales)")
+        return scale_range.dot(lambda a, b: bf16(a, b, group_sizes), lhs, rhs, p.K if p.mode == "ragged_m" else p.M,
+                               p.out_dtype, expand=functools.partial(reference.class_expand, group_sizes=group_sizes))
     else:
-        infos = [(q, format_info(q.format)) for q in (lhs, rhs)]
-        checks = [(q, i) for q, i in infos if not dot_xla.exact_statically(i)]
-        if not checks:
-            if sel is not None:
-                backends.note(sel, "bf16 dequantize (f32 accumulation): element x scale is exact in bf16 for these "
-                                   "formats")
-            acc = bf16(lhs, rhs, group_sizes)
-        else:
-            if sel is not None:
-                bound = max(dot_xla.min_exact_scale_exponent(i) for _, i in checks)
-                backends.note(sel, f"bf16 dequantize (f32 accumulation) when every E8M0 scale is >= 2^{bound} "
-                                   "(element x scale exact in bf16); else float32 (lax.cond on the scales)")
-            ok = functools.reduce(jnp.logical_and, [dot_xla.scales_exact(q, i) for q, i in checks])
-            acc = lax.cond(ok, bf16, f32, lhs, rhs, group_sizes)
+        # NVFP4: E2M1 x E4M3 products are normal bfloat16 values whatever the scales
+        # (dot.xla.exact_statically; the smallest, 0.5 x 2^-9, is far from the subnormals)
+        if sel is not None:
+            backends.note(sel, "bf16 dequantize (f32 accumulation): element x scale is exact in bf16 for these "
+                               "formats")
+        acc = bf16(lhs, rhs, group_sizes)
     return common.apply_global_scales(acc, lhs, rhs, group_sizes, p)
 
 
 BACKEND = backends.Backend(
     "xla", ("cuda", "cpu"), (),
-    "XLA only: 128-row tiles, each against its own group's operands (dequantized: bf16 for MX / NVFP4 where exact, "
-    "else f32), batched dots with f32 accumulation; work <= the useful rows + one tile per group",
+    "XLA only: 128-row tiles, each against its own group's operands (dequantized: bf16 for MX / NVFP4, MX with "
+    "extreme scales per exponent class; f32 for FP8 blockwise), batched dots with f32 accumulation; work <= the "
+    "useful rows + one tile per group",
     takes="every format pair of one family, both modes, any shape")
 
 

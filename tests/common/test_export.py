@@ -43,6 +43,8 @@ def test_disabled_checks_name_every_target_the_sources_register():
     names = _check_names(checks)
     in_sources = set()
     for path in (ROOT / "ffi").rglob("*.cc"):
+        if path.name == "timer.cc":  # the benchmarks' event marks (benchmarks/_devtime.py): no op emits them
+            continue
         in_sources |= set(re.findall(r'GPUEXT_REGISTER_FFI_(?:TARGET|STAGE)\("(\w+)"', path.read_text()))
     assert in_sources and names == in_sources
     assert set(_ext.module("cpu").registrations()) <= names

@@ -32,7 +32,7 @@ def test_import_survives_a_missing_cuda_extension():
     # build without nvcc or with a broken driver stack.
     code = ("import sys; sys.modules['jax_gpuext._cuda'] = None\n"
             "import jax_gpuext\n"
-            "from jax_gpuext import gates\n"
+            "from jax_gpuext.common import gates\n"
             "r = gates.check('cuda_extension'); assert not r.supported, r\n"
             "print(r.reason)\n"
             "jax_gpuext.capabilities()\n")

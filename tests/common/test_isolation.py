@@ -151,3 +151,61 @@ def test_off_mode_runs_in_process(tmp_path):
     parent, out, cases, ran = _run(tmp_path, "--isolation=off", "-k", "a_passes or c_passes")
     assert cases["a"][0] == "passed" and cases["c"][0] == "passed", out
     assert ran == {"a": parent, "c": parent}
+
+
+SLOW_PY = """
+import pathlib
+import time
+
+import pytest
+
+pytestmark = pytest.mark.isolated
+STARTED = pathlib.Path(__file__).with_name("started.txt")
+
+
+def test_1_quick():
+    pass
+
+
+def test_2_quick():
+    pass
+
+
+def test_3_never_ends():
+    STARTED.write_text("3")
+    time.sleep(600)
+
+
+def test_4_after():
+    pass
+"""
+
+
+def test_a_parent_stopped_mid_batch_has_reported_what_the_child_finished(tmp_path):
+    """The GPU script's step bound interrupts pytest (SIGINT) while a batch's child runs: the tests
+    the child had finished are in the parent's junit file already (the H200 run of 3ff9b82 lost a
+    whole 35-test batch that way), and the child is not left behind."""
+    import signal
+    import time
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "conftest.py").write_text(textwrap.dedent(CONFTEST))
+    (project / "test_slow.py").write_text(textwrap.dedent(SLOW_PY))
+    junit = tmp_path / "junit.xml"
+    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    cmd = [sys.executable, "-P", "-m", "pytest", "-p", "no:cacheprovider", "-q", f"--junitxml={junit}", str(project)]
+    p = subprocess.Popen(cmd, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    deadline = time.monotonic() + 120
+    while not (project / "started.txt").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)
+    p.send_signal(signal.SIGINT)
+    out, _ = p.communicate(timeout=60)
+    cases = {c.get("name"): [x.tag for x in c if x.tag in ("failure", "error", "skipped")]
+             for c in ET.parse(junit).getroot().iter("testcase")}
+    assert cases.get("test_1_quick") == [] and cases.get("test_2_quick") == [], (cases, out)
+    assert "test_4_after" not in cases or cases["test_4_after"], cases
+    assert "KeyboardInterrupt" in out, out
+    leftovers = subprocess.run(["pgrep", "-f", str(project / "test_slow.py")], capture_output=True, text=True).stdout
+    assert not leftovers.strip(), leftovers

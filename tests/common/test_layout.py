@@ -1,6 +1,6 @@
 """The package layout (issue 29; docs/design.md, "Where things are"): one subpackage per capability
-plus ``common``, no import circles, each layer importing only what its rules allow, the public API
-and every old module name still resolving (to the same module objects)."""
+plus ``common``, no import circles, each layer importing only what its rules allow, the public API;
+the flat module names of the layout before it are gone (issue 34)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import pathlib
 import subprocess
 import sys
 import textwrap
-import warnings
 
 import pytest
 
@@ -149,7 +148,6 @@ def test_every_module_imports_alone_in_a_fresh_interpreter():
         for name in names:
             for m in [m for m in sys.modules if (m == "jax_gpuext" or m.startswith("jax_gpuext.")) and m not in keep]:
                 del sys.modules[m]
-            sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "jax_gpuext_legacy", False)]
             if name != "jax_gpuext":
                 root = types.ModuleType("jax_gpuext")
                 root.__spec__ = importlib.machinery.ModuleSpec("jax_gpuext", None, is_package=True)
@@ -234,86 +232,18 @@ def test_op_functions_win_over_their_modules_names():
     assert sys.modules["jax_gpuext.formats.quantize"].quantize is quantize
 
 
-# old name -> (new module, whether the old name warns). Written out here, not read from
-# common/legacy.py, so that a name dropped there fails here.
-LEGACY = {
-    "_ext": ("jax_gpuext.common.extension", False),
-    "_ffi": ("jax_gpuext.common.ffi", False),
-    "_libs": ("jax_gpuext.common.libs", False),
-    "_formats_reference": ("jax_gpuext.formats.reference", False),
-    "gates": ("jax_gpuext.common.gates", False),
-    "distributed": ("jax_gpuext.collectives.distributed", False),
-    "backends": ("jax_gpuext.common.backends", True),
-    "capabilities": ("jax_gpuext.common.capabilities", True),
-    "cpu_features": ("jax_gpuext.common.cpu_features", True),
-    "errors": ("jax_gpuext.common.errors", True),
-    "explain": ("jax_gpuext.common.explain", True),
-    "verified": ("jax_gpuext.common.verified", True),
-    "fp4_layout": ("jax_gpuext.formats.fp4_layout", True),
-    "reencode": ("jax_gpuext.formats.reencode", True),
-    "dot_xla": ("jax_gpuext.dot.xla", True),
-    "dot_cublaslt": ("jax_gpuext.dot.cublaslt", True),
-    "dot_cudnn": ("jax_gpuext.dot.cudnn", True),
-    "hopper_mx": ("jax_gpuext.dot.hopper_mx", True),
-}
+# The flat module names of the layout before issue 29, removed in issue 34 (the package was never
+# released with them): none imports or resolves as an attribute, and no finder of ours is installed.
+OLD_FLAT_NAMES = ("_ext", "_ffi", "_libs", "_formats_reference", "backends", "cpu_features", "errors",
+                  "verified", "fp4_layout", "reencode", "dot_xla", "dot_cublaslt", "dot_cudnn", "hopper_mx")
 
 
-def _forget_old_name(monkeypatch, old):
-    monkeypatch.delitem(sys.modules, f"jax_gpuext.{old}", raising=False)
-    if isinstance(vars(jax_gpuext).get(old), type(sys)) and old not in jax_gpuext.__all__:
-        monkeypatch.delattr(jax_gpuext, old)
-
-
-def _use(how: str, old: str):
-    if how == "import":
-        return importlib.import_module(f"jax_gpuext.{old}")
-    if how == "from":
-        ns = {}
-        exec(compile(f"from jax_gpuext import {old} as m", __file__, "exec"), ns)  # noqa: S102
-        return ns["m"]
-    return getattr(jax_gpuext, old)  # attribute, no import first
-
-
-@pytest.mark.parametrize("how", ["import", "from", "attribute"])
-@pytest.mark.parametrize("old", sorted(LEGACY))
-def test_old_module_names_are_the_new_modules(monkeypatch, old, how):
-    new, deprecated = LEGACY[old]
-    if how != "import" and old in jax_gpuext.__all__ and old not in ("gates", "distributed"):
-        pytest.skip(f"jax_gpuext.{old} is the public function of that name, as before")
-    _forget_old_name(monkeypatch, old)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        module = _use(how, old)
-    assert module is sys.modules[new]  # the same object: patching through the old name patches the code
-    assert sys.modules.get(f"jax_gpuext.{old}", module) is module and module.__spec__.name == new
-    said = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
-    if deprecated:
-        assert len(said) == 1 and new in said[0], said
-        assert caught[0].filename == __file__, "the warning must point at the code that used the old name"
-    else:
-        assert not said, said
-
-
-def test_importing_an_old_module_name_keeps_the_public_function():
-    import jax_gpuext.capabilities  # noqa: F401
-    import jax_gpuext.explain  # noqa: F401
-
-    assert jax_gpuext.explain is sys.modules["jax_gpuext.common.explain"].explain
-    assert jax_gpuext.capabilities is sys.modules["jax_gpuext.common.capabilities"].capabilities
-
-
-def test_monkeypatching_through_an_old_name_reaches_the_code(monkeypatch):
-    from jax_gpuext import _ext
-    from jax_gpuext.common import gates
-
-    monkeypatch.setattr(_ext, "load", lambda kind: (None, "patched through jax_gpuext._ext"))
-    gates.clear_cache()
-    try:
-        assert gates.check("cpu_extension").reason == "patched through jax_gpuext._ext"
-    finally:
-        monkeypatch.undo()
-        gates.clear_cache()
-    assert gates.check("cpu_extension").supported
+@pytest.mark.parametrize("old", OLD_FLAT_NAMES)
+def test_the_old_flat_module_names_are_gone(old):
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(f"jax_gpuext.{old}")
+    assert not hasattr(jax_gpuext, old)
+    assert not any(type(f).__module__.startswith("jax_gpuext") for f in sys.meta_path)
 
 
 def test_fp4_probe_calls_the_handler_the_formats_op_names():

@@ -131,11 +131,11 @@ def test_every_sanitizer_target_and_mps_step_names_collected_tests():
 
 
 # ------------------------------------------------------------------ scripts/gpu_run.sh on CPU
-PART_1 = ["env", "install", "info", "tests_main", "tests_hopper_mx", "bench_quantize", "bench_dot", "bench_hopper_mx",
-          "probe_cudnn", "allreduce_2_plain", "allreduce_2_timeout", "memcheck"]  # docs/design.md's order
-PART_2 = ["env", "install", "info", "tests_ragged_hopper", "allreduce_2_command_buffer", "bench_ragged_dot",
-          "memcheck_ragged", "bench_dot_full", "bench_quantize_full", "racecheck", "bench_allreduce",
-          "allreduce_4_plain"]
+PART_1 = ["env", "install", "info", "tests_main", "tests_formats", "tests_hopper_mx", "bench_quantize", "bench_dot",
+          "bench_hopper_mx", "probe_cudnn", "memcheck"]  # docs/design.md's order
+PART_2 = ["env", "install", "info", "tests_ragged_hopper", "allreduce_2_plain", "allreduce_2_timeout",
+          "allreduce_2_command_buffer", "bench_ragged_dot", "memcheck_ragged", "bench_dot_full", "bench_quantize_full",
+          "racecheck", "bench_allreduce", "allreduce_4_plain"]
 RESERVE_S = 10  # gpu_run.sh's GPU_RUN_RESERVE_S default
 
 # Stands in for every step but env, install and info: records the step, its bound, the command and
@@ -200,7 +200,8 @@ def test_gpu_run_part_1_dry_run_order_bounds_and_results_after_every_step(tmp_pa
         assert done == 3 + i, (name, done)  # env, install, info and every stubbed step before it
         assert bound == next(s["bound_s"] for s in steps if s["step"] == name)
     argv = {c[0]: " ".join(c[3]) for c in calls}
-    assert "step_sanitizer memcheck" in argv["memcheck"] and "step_mps_test 2 plain" in argv["allreduce_2_plain"]
+    assert "step_sanitizer memcheck" in argv["memcheck"] and "test_formats_gpu.py" in argv["tests_formats"]
+    assert "test_formats_gpu.py" in argv["tests_main"]  # ignored there: its own step
     assert "--quick" in argv["bench_dot"] and argv["bench_dot"].endswith(" _ ")  # hopper_mx passed (stub)
     # what the real steps recorded: the machine, the installed build and where the commit came from
     assert any("nvidia-cuda-mps-control" in ln for ln in result["environment"])
@@ -229,12 +230,12 @@ def test_gpu_run_real_steps_on_a_machine_without_a_gpu(tmp_path):
     reason in their log), the 2-rank MPS test is selected by its id and fails its GPU gate, the
     sanitizer step fails without compute-sanitizer; the results name each with its exit status
     and log, and the run's exit status is the failed test group's."""
-    only = "env,bench_quantize,probe_cudnn,allreduce_2_timeout,memcheck"  # the dry runs cover install, info
-    result, r, _ = _gpu_run(tmp_path, "--only", only, dry=False, extra_env={"GPU_RUN_COMMIT": "dry"})
+    only = "env,allreduce_2_timeout,bench_ragged_dot,memcheck_ragged"  # the dry runs cover install, info
+    result, r, _ = _gpu_run(tmp_path, "--part", "2", "--only", only, dry=False, extra_env={"GPU_RUN_COMMIT": "dry"})
     assert r.returncode != 0, r.stdout[-3000:]  # the GPU test failed (its gate is closed here)
     assert result["commit"] == "dry" and [s["step"] for s in result["steps"]] == only.split(",")
     steps = {b["benchmark"]: b for b in result["benchmarks"]}
-    assert sorted(steps) == ["bench_quantize", "probe_cudnn"]
+    assert sorted(steps) == ["bench_ragged_dot"]
     for name, b in steps.items():
         assert b["exit_status"] == 2 and b["error"] == "wrote no results", (name, b)
         assert any("need" in line for line in b["log_tail"]), (name, b["log_tail"])
@@ -242,9 +243,9 @@ def test_gpu_run_real_steps_on_a_machine_without_a_gpu(tmp_path):
     assert t["group_exits"]["allreduce_2_timeout"] != 0
     (case,) = t["cases"]
     assert case["test"].endswith("test_gpu_processes_under_mps[timeout-2]") and case["outcome"] in ("failure", "error")
-    memcheck = next(s for s in result["steps"] if s["step"] == "memcheck")
-    assert memcheck["exit_status"] != 0 and "sanitizer-memcheck.txt" in result["sanitizer_reports"]
-    assert "memcheck formats/test_formats_gpu.py::" in result["sanitizer"]
+    memcheck = next(s for s in result["steps"] if s["step"] == "memcheck_ragged")
+    assert memcheck["exit_status"] != 0 and "sanitizer-memcheck_ragged.txt" in result["sanitizer_reports"]
+    assert "memcheck:ragged ragged_dot/test_ragged_dot_hopper.py::" in result["sanitizer"]
 
 
 def _run_mps_script(tmp_path, stand_in: str | None):

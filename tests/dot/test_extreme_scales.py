@@ -61,8 +61,22 @@ def _operand(rng, shape, fmt, axis, codes):
 
 
 def _f64(q) -> np.ndarray:
-    """data x 2^(code - 127) per element in float64 (NaN for code 255), block k // 32 along the axis."""
+    """data x 2^(code - 127) per element in float64 (NaN for code 255), block k // 32 along the axis;
+    float32 scales (FP8 blockwise, FP8_TENSOR): data x scale in float64, blocks by index (128x128
+    over the last two axes)."""
     data = np.asarray(q.data).astype(np.float64)
+    if q.scale.dtype == jnp.float32:
+        scale = np.asarray(q.scale).astype(np.float64)  # NumPy keeps float32 subnormals
+        if q.format.per_tensor:
+            scale = scale.reshape(scale.shape + (1,) * (data.ndim - scale.ndim))
+        elif len(q.format.block) == 2:
+            r, c = (np.arange(data.shape[d]) // 128 for d in (-2, -1))
+            scale = scale[..., r, :][..., c]
+        else:
+            ax = q.axis % data.ndim
+            scale = np.take(scale, np.arange(data.shape[ax]) // q.format.block[0], axis=ax)
+        with np.errstate(invalid="ignore", over="ignore"):
+            return data * scale
     codes = np.asarray(lax.bitcast_convert_type(q.scale, jnp.uint8)).astype(np.int64)
     ax = q.axis % data.ndim
     codes = np.take(codes, np.arange(data.shape[ax]) // q.format.block[0], axis=ax)
@@ -315,6 +329,132 @@ def test_scaled_dot_general_forward_and_gradients(backend, tiny):
         assert_exact_within_f32_accumulation(got, want, mag, jnp.float32, what=f"{backend} {what}")
 
 
+def test_vmapped_dot_takes_each_examples_path():
+    """Under vmap the scale checks are batched (``lax.cond`` becomes a select, the loop's skips too):
+    an ordinary example and one with extreme scales, each the float64 result."""
+    fmts = (gx.MXFP8_E4M3, gx.MXFP8_E5M2)
+    ext = _case("opposite", fmts)
+    x = jax.random.normal(jax.random.key(3), (6, 256))
+    w = jax.random.normal(jax.random.key(4), (5, 256))
+    plain = (gx.quantize(x, fmts[0]), gx.quantize(w, fmts[1]))
+    stack = [jax.tree.map(lambda a, b: jnp.stack([a, b]), p, e) for p, e in zip(plain, ext)]
+    for backend in CPU_BACKENDS:
+        got = jax.jit(jax.vmap(lambda a, b: gx.block_scaled_dot(a, b, DN, backend=backend)))(*stack)
+        for i, (a, b) in enumerate((plain, ext)):
+            want, mag = _dot64(a, b, DN)
+            assert_exact_within_f32_accumulation(got[i], want, mag, jnp.float32, what=f"{backend} {i}")
+
+
+# --------------------------------------------------------------------------- FP8 blockwise and FP8_TENSOR
+FP8_EXPONENTS = np.array([-140, -127, -100, 120])  # float32 block scales: a subnormal, 2^-127 .. 2^120
+
+
+def _f32_scales(rng, exps):
+    """Float32 scales m x 2^e, m in [1, 2) random (subnormal where e < -126: fewer bits)."""
+    return np.ldexp(rng.uniform(1, 2, exps.shape), exps).astype(np.float32)
+
+
+def _fp8_opposite(rng, rhs_format, m=6, n=256, k=512):
+    """(M, K) FP8_1x128 x (N, K) ``rhs_format`` with ordinary elements and hand-built float32 scales
+    of FP8_EXPONENTS mixed along K (one row all subnormal scales, one all 2^120), the rhs blocks
+    scaled by about the inverse: products of two extreme scales that are ordinary numbers."""
+    nb = k // 128
+    pattern = np.resize(FP8_EXPONENTS, nb)
+    rng.shuffle(pattern)
+    le = np.broadcast_to(pattern, (m, nb)).copy()
+    le[0], le[1] = FP8_EXPONENTS[0], FP8_EXPONENTS[-1]
+    lhs = gx.quantize(jnp.asarray(rng.standard_normal((m, k)), jnp.float32), gx.FP8_1x128)
+    lhs = gx.BlockScaledArray(lhs.data, jnp.asarray(_f32_scales(rng, le)), None, gx.FP8_1x128, -1)
+    rhs = gx.quantize(jnp.asarray(rng.standard_normal((n, k)), jnp.float32), rhs_format)
+    rows = rhs.scale.shape[0]
+    re = np.clip(-pattern[None, :] + rng.integers(-3, 4, (rows, nb)), -149, 127)
+    rhs = gx.BlockScaledArray(rhs.data, jnp.asarray(_f32_scales(rng, re)), None, rhs_format, -1)
+    return lhs, rhs
+
+
+def _fp8_tiny(rng, rhs_format, m=6, n=256, k=512):
+    """What quantize makes of a block of N(0, 2^-125) values (scale clamped at 2^-126, elements
+    below 1 whose element x scale is a float32 subnormal), mixed along K with ordinary blocks,
+    against an rhs of N(0, 2^100): the repro of issue 34's note, results ~2^-20."""
+    x = rng.standard_normal((m, k)) * np.repeat(np.where(rng.random((m, k // 128)) < 0.5, 2.0 ** -125, 2.0 ** -100),
+                                                128, axis=1)
+    x[0] = rng.standard_normal(k) * 2.0 ** -125  # row 0: tiny blocks only
+    return (gx.quantize(jnp.asarray(x, jnp.float32), gx.FP8_1x128),
+            gx.quantize(jnp.asarray(rng.standard_normal((n, k)) * 2.0 ** 100, jnp.float32), rhs_format))
+
+
+FP8_RHS = [gx.FP8_1x128, gx.FP8_128x128]
+
+
+@pytest.mark.parametrize("rhs_format", FP8_RHS, ids=lambda f: f.name)
+def test_fp8_blockwise_reference_at_the_extremes_matches_float64(rhs_format):
+    """The reference (the CPU's FP8 blockwise default) dequantizes element x float32 block scale;
+    below 2^-126 XLA:CPU flushed it, and 448 x 2^120 x (2 - ..) is past float32 though the dot
+    with an inverse scale is ordinary: exact now, through the exponent classes."""
+    for name, case in (("tiny", _fp8_tiny), ("opposite", _fp8_opposite)):
+        lhs, rhs = case(_rng("fp8", name, rhs_format.name), rhs_format)
+        want, mag = _dot64(lhs, rhs, DN)
+        if name == "tiny":
+            assert (np.asarray(lhs.scale) == np.float32(2.0 ** -126)).any()  # quantize's clamp is what this meets
+        got = jax.jit(lambda a, b: gx.block_scaled_dot(a, b, DN, backend="reference"))(lhs, rhs)
+        assert_exact_within_f32_accumulation(got, want, mag, jnp.float32, what=name)
+        assert not bool(scale_range.in_window(lhs, rhs, lhs.shape[1]))
+
+
+def test_the_window_holds_for_ordinary_fp8_blockwise_operands():
+    """Quantized FP8 blockwise data keeps the one-dot path on CPU (zero blocks included: their
+    scale is 1); blocks of amax below ~2^-108 (scale clamped at 2^-126) leave it."""
+    x = np.asarray(jax.random.normal(jax.random.key(0), (64, 512))) * 1e3
+    x[:, :128] = 0
+    w = np.asarray(jax.random.normal(jax.random.key(1), (256, 512))) * 1e-6
+    for rf in FP8_RHS:
+        ql, qr = gx.quantize(jnp.asarray(x, jnp.float32), gx.FP8_1x128), gx.quantize(jnp.asarray(w, jnp.float32), rf)
+        assert bool(scale_range.in_window(ql, qr, 512))
+        lhs, rhs = _fp8_tiny(_rng("window", rf.name), rf)
+        assert not bool(scale_range.in_window(lhs, rhs, 512))
+
+
+@pytest.mark.parametrize("rhs_format", FP8_RHS, ids=lambda f: f.name)
+def test_fp8_blockwise_xla_bound_at_the_extremes(rhs_format):
+    """The xla backend's bf16 GEMM keeps its stated bound (docs/formats.md, "FP8 blockwise through
+    bf16") at the extremes through its absolute term, 2^-125 (sum_k |l_k| + |r_k| + K): a flushed
+    element below 2^-126 times r_k is within 2^-125 |r_k|. Only that term covers it: the relative
+    part alone fails there (docs/design.md, "The smallest and largest MX scales", FP8 blockwise)."""
+    lhs, rhs = _fp8_tiny(_rng("fp8 xla", rhs_format.name), rhs_format)
+    want, mag = _dot64(lhs, rhs, DN)
+    k = lhs.shape[1]
+    l64, r64 = _f64(lhs), _f64(rhs)
+    eps = 2.0 ** -8 + 2.0 ** -17 + 1.01 * (k + 2) * 2.0 ** -24
+    bound = eps * mag + 2.0 ** -125 * (np.abs(l64).sum(1)[:, None] + np.abs(r64).sum(1)[None, :] + k)
+    got = np.asarray(jax.jit(lambda a, b: gx.block_scaled_dot(a, b, DN, backend="xla"))(lhs, rhs), np.float64)
+    err = np.abs(got - want)
+    assert (err <= bound).all()
+    assert (err > eps * mag).any()  # the relative part alone does not hold here
+
+
+def test_fp8_tensor_scales_at_the_extremes_match_float64():
+    """FP8_TENSOR: a tensor of N(0, 2^-125) values (scale clamped at 2^-126: element x scale a
+    float32 subnormal, flushed by the reference's dequantization on XLA:CPU) against N(0, 2^100);
+    and hand-built scales 2^-100 x 2^-60, whose float32 product (2^-160) is 0, with results among
+    float32's subnormals. Both CPU backends: the scales factor out and multiply with an unbounded
+    exponent."""
+    rng = _rng("fp8_tensor")
+    x = rng.standard_normal((6, 256)) * 2.0 ** -125
+    w = rng.standard_normal((5, 256)) * 2.0 ** 100
+    ql, qr = (gx.quantize(jnp.asarray(v, jnp.float32), gx.FP8_TENSOR) for v in (x, w))
+    assert float(ql.scale) == 2.0 ** -126
+    tiny = [gx.BlockScaledArray(q.data, jnp.float32(s), None, gx.FP8_TENSOR, -1)
+            for q, s in ((gx.quantize(jnp.asarray(x * 2.0 ** 125, jnp.float32), gx.FP8_TENSOR), 2.0 ** -100),
+                         (gx.quantize(jnp.asarray(w * 2.0 ** -100, jnp.float32), gx.FP8_TENSOR), 2.0 ** -60))]
+    for backend in CPU_BACKENDS:
+        for what, (a, b) in (("quantized", (ql, qr)), ("scale product", tiny)):
+            want, mag = _dot64(a, b, DN)
+            got = jax.jit(lambda a, b: gx.block_scaled_dot(a, b, DN, backend=backend))(a, b)
+            assert_exact_within_f32_accumulation(got, want, mag, jnp.float32, what=f"{backend} {what}")
+            if what == "scale product":
+                assert (np.abs(want) < 2.0 ** -126).all() and np.count_nonzero(np.asarray(got)) > 0.9 * want.size
+
+
 # --------------------------------------------------------------------------- hopper_mx: CPU model
 WINDOW = (33, 218)  # hopper_mx_kernel.cuh ScaleInWindow: fp32 exponent fields 33..218
 
@@ -385,20 +525,45 @@ def _gpu_operands(fmts, b=2, m=130, n=72, k=320, seed=0):
     return _operand(rng, (b, m, k), fmts[0], -1, lc), _operand(rng, (b, n, k), fmts[1], -1, rc)
 
 
+def _gpu_nonfinite_operands(fmts=(gx.MXFP8_E5M2, gx.MXFP8_E5M2)):
+    """The opposite case with inf / NaN elements and a NaN scale in it: Inf in a block of 2^-127
+    (row 0), of 2^127 (row 1) and elsewhere, a NaN element, a NaN scale, and a zero rhs element
+    against an Inf (Inf x 0): the hopper_mx kernel's rescan (promote.h) meets these too, since an
+    inf / NaN result is what sends an element there."""
+    lhs, rhs = _gpu_operands(fmts, seed=1)
+    data = np.asarray(lhs.data).copy()
+    data[0, 0, 5] = data[1, 1, 300] = np.inf
+    data[0, 7, 40] = -np.inf
+    data[1, 9, 100] = np.nan
+    codes = np.asarray(lax.bitcast_convert_type(lhs.scale, jnp.uint8)).copy()
+    codes[0, 11, 3] = 255
+    rdata = np.asarray(rhs.data).copy()
+    rdata[0, 4, 5] = 0  # Inf x 0 = NaN at [0, 0, 4]
+    lhs = gx.BlockScaledArray(jnp.asarray(data), lax.bitcast_convert_type(jnp.asarray(codes), E8M0), None,
+                              lhs.format, lhs.axis)
+    rhs = gx.BlockScaledArray(jnp.asarray(rdata), rhs.scale, None, rhs.format, rhs.axis)
+    return lhs, rhs
+
+
 DN_BATCHED = (((2,), (2,)), ((0,), (0,)))
+HOPPER_MX_GPU_CASES = {f"{a.name}-{b.name}": (a, b) for a, b in FORMAT_PAIRS[:2] + [(gx.MXFP8_E4M3, gx.MXFP4)]}
 
 
 @pytest.mark.gpu
 @pytest.mark.verifies("block_scaled_dot.hopper_mx", feature="mxfp8")
 @pytest.mark.gates("hopper")
-@pytest.mark.parametrize("fmts", FORMAT_PAIRS[:2] + [(gx.MXFP8_E4M3, gx.MXFP4)],
-                         ids=lambda f: f"{f[0].name}-{f[1].name}")
-def test_gpu_hopper_mx_extreme_scales_match_float64(fmts):
-    """The kernel's PromoteExact path (warps whose rows hold scales outside 2^-94 .. 2^91) on the
-    GPU. Hopper's FP8 tensor cores add a partial's 32 products with a shortened mantissa: 1e-3 of
-    sum |terms| (as tests/dot/test_hopper_mx.py)."""
-    lhs, rhs = _gpu_operands(fmts)
+@pytest.mark.parametrize("case", list(HOPPER_MX_GPU_CASES) + ["nonfinite"])
+def test_gpu_hopper_mx_extreme_scales_match_float64(case):
+    """The kernel's PromoteExact path (warps whose rows hold scales outside 2^-94 .. 2^91) and its
+    rescan of elements whose float32 sum is not finite (rows of 2^127 against columns of 2^100 ..
+    2^127: inf - inf made 144 NaN of +-inf on the H200 at 3ff9b82; tests/dot/test_hopper_mx.py
+    runs the same arithmetic on the CPU), on the GPU; "nonfinite" adds inf / NaN elements and a
+    NaN scale. Hopper's FP8 tensor cores add a partial's 32 products with a shortened mantissa: 1e-3
+    of sum |terms| (as tests/dot/test_hopper_mx.py)."""
+    lhs, rhs = _gpu_nonfinite_operands() if case == "nonfinite" else _gpu_operands(HOPPER_MX_GPU_CASES[case])
     want, mag = _dot64(lhs, rhs, DN_BATCHED)
+    if case == "nonfinite":
+        assert np.isnan(want[0, 0, 4]) and np.isinf(want[0, 7]).any() and np.isnan(want[1, 9]).all()
     for out in (jnp.float32, jnp.bfloat16):
         got = jax.jit(lambda a, b: gx.block_scaled_dot(a, b, DN_BATCHED, preferred_element_type=out,
                                                        backend="hopper_mx"))(lhs, rhs)
@@ -432,3 +597,18 @@ def test_gpu_blackwell_libraries_extreme_scales_match_float64(backend):
     got = jax.jit(lambda a, b: gx.block_scaled_dot(a, b, DN_BATCHED, preferred_element_type=jnp.float32,
                                                    backend=backend))(lhs, rhs)
     assert_exact_within_f32_accumulation(got, want, mag, jnp.float32, rtol=1e-3, what=backend)
+
+
+@pytest.mark.gpu
+@pytest.mark.gates("cuda_device")
+@pytest.mark.parametrize("rhs_format", FP8_RHS, ids=lambda f: f.name)
+def test_gpu_fp8_blockwise_reference_keeps_subnormal_products(rhs_format):
+    """On CUDA the FP8 blockwise reference keeps its one float32 dot (the exponent classes are for
+    XLA:CPU, which flushes an element x scale below 2^-126): XLA:GPU keeps float32 subnormals by
+    default (xla_gpu_ftz off), so quantize's tiny blocks come out exact. A failure here means it
+    does not, and the CPU path is needed on CUDA too (docs/design.md, "The smallest and largest MX
+    scales", FP8 blockwise)."""
+    lhs, rhs = _fp8_tiny(_rng("gpu fp8", rhs_format.name), rhs_format)
+    want, mag = _dot64(lhs, rhs, DN)
+    got = jax.jit(lambda a, b: gx.block_scaled_dot(a, b, DN, backend="reference"))(lhs, rhs)
+    assert_exact_within_f32_accumulation(got, want, mag, jnp.float32, what="reference on CUDA")

@@ -179,3 +179,72 @@ def test_cuda_quantize_both_axes_vmap_nvfp4_global_scales():
             want = gx.quantize(x[i], gx.NVFP4, axis=axis, backend="reference")
             assert_bits_equal(got[k].data[i], as_bits(np.asarray(want.data)), f"vmap NVFP4 {i} axis {axis} data")
             assert_bits_equal(got[k].scale[i], as_bits(np.asarray(want.scale)), f"vmap NVFP4 {i} axis {axis} scale")
+
+
+# --------------------------------------------------------------------------- issue 35, round 2: kernels alone
+# (format, axis, both axes): every format along the last axis, the layouts of the second axis once.
+KERNEL_TIME_CASES = [(f, -1, False) for f in ALL_FORMATS] + [(gx.MXFP8_E4M3, -2, True), (gx.NVFP4, -2, True),
+                                                             (gx.FP8_1x128, -2, False)]
+KERNEL_TIME_SHAPE = (8192, 16384)  # 256 MiB of bf16: bench_quantize --quick's shape, far beyond L2
+
+
+def _packed_codes(data, fmt):
+    codes = as_bits(np.asarray(data)).ravel()
+    if not ("float4" in fmt.elem_dtype.name and bool(formats.FP4_PACKED["cuda"])):
+        return codes.tobytes()
+    codes = codes & 0xF
+    if codes.size % 2:
+        codes = np.append(codes, 0)
+    return (codes[0::2] | (codes[1::2] << 4)).astype(np.uint8).tobytes()
+
+
+@pytest.mark.parametrize("fmt,axis,both", KERNEL_TIME_CASES,
+                         ids=[f"{f.name}-axis{-a}" + ("-both" if b else "") for f, a, b in KERNEL_TIME_CASES])
+def test_cuda_kernels_alone_bit_exact_and_timed(fmt, axis, both, record_property):
+    """The kernels alone at the bench's size (jax_gpuext._cuda.formats_kernel_times: CUDA events around
+    back-to-back launches, no XLA program around them, beside a device-to-device copy of x in the same
+    process; docs/design.md, issue 35 round 2): bench_quantize times each op k times inside an XLA loop,
+    and that loop's own work (it ties the operands to the loop counter) is in its rows. Here every
+    output -- quantize, dequantize back to bf16 and, with `both`, quantize_both_axes -- is checked bit
+    for bit against the reference on a tensor large enough that every grid-stride loop runs many steps
+    (the small shapes above take one), and the kernels' fractions of the copy are recorded in the junit
+    file (record_property) for the results: bytes moved (x read, codes and scales written, or back) over
+    the time, against the copy's 2 x |x|."""
+    from jax_gpuext.common import extension
+    from jax_gpuext.formats import default_scale_rounding
+
+    cuda = extension.module("cuda")
+    assert cuda is not None and hasattr(cuda, "formats_kernel_times"), "this _cuda has no formats_kernel_times"
+    rows, cols = KERNEL_TIME_SHAPE
+    x = jax.device_put(jax.random.normal(jax.random.key(35), (rows, cols), jnp.float32).astype(jnp.bfloat16),
+                       jax.devices("cuda")[0])
+    kw = {"global_scale": jnp.float32(1.0)} if fmt.has_global_scale else {}
+    rounding = default_scale_rounding(fmt)
+    packed = bool(formats.FP4_PACKED["cuda"]) if "float4" in fmt.elem_dtype.name else False
+    got = cuda.formats_kernel_times(np.asarray(x).tobytes(), "bfloat16", rows, cols, fmt.code, axis,
+                                    {"up": 0, "ocp": 1, "nearest": 2}[rounding], packed, 1.0, both, 10, 3)
+    want = jax.jit(lambda v: gx.quantize(v, fmt, axis=axis, backend="reference", **kw))(x)
+    assert got["data"] == _packed_codes(want.data, fmt), f"{fmt.name} axis {axis}: codes differ from the reference"
+    assert got["scale"] == as_bits(np.asarray(want.scale)).tobytes(), f"{fmt.name} axis {axis}: scales differ"
+    y = jax.jit(lambda q: gx.dequantize(q, jnp.bfloat16, backend="reference"))(want)
+    assert got["y"] == as_bits(np.asarray(y)).tobytes(), f"{fmt.name} axis {axis}: dequantized values differ"
+    if both:
+        last = jax.jit(lambda v: gx.quantize(v, fmt, axis=-1, backend="reference", **kw))(x)
+        assert got["both_data_last"] == _packed_codes(last.data, fmt), f"{fmt.name} both axes: axis -1 codes"
+        assert got["both_scale_last"] == as_bits(np.asarray(last.scale)).tobytes(), f"{fmt.name} both: -1 scales"
+        assert got["both_data_second"] == got["data"] and got["both_scale_second"] == got["scale"], \
+            f"{fmt.name} both axes: axis -2 outputs"
+    x_bytes, q_bytes = x.size * 2, len(got["data"]) + len(got["scale"])
+    copy_bw = 2 * x_bytes / got["copy_s"]
+    reads = 2 if fmt.per_tensor else 1  # FP8_TENSOR's amax pass reads x once more, as the bench counts it
+    times = {"quantize": (got["quantize_s"], reads * x_bytes + q_bytes),
+             "dequantize": (got["dequantize_s"], q_bytes + x_bytes)}
+    if both:
+        last_bytes = len(got["both_data_last"]) + len(got["both_scale_last"])
+        times["quantize_both_axes"] = (got["both_s"], x_bytes + q_bytes + last_bytes)
+    row = {"format": fmt.name, "axis": axis, "shape": [rows, cols], "dtype": "bfloat16", "copy_GBps": copy_bw / 1e9}
+    for op, (seconds, moved) in times.items():
+        row[f"{op}_us"] = seconds * 1e6
+        row[f"{op}_fraction_of_copy"] = moved / seconds / copy_bw
+    record_property("kernel_times", row)
+    print(row)

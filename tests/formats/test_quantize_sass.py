@@ -1,11 +1,15 @@
 """The machine code of the quantize / dequantize vector kernels for sm_90a (issue 35; docs/design.md,
 "Quantize at memory speed on Hopper"), read from the compiled translation unit with cuobjdump:
 
-- every global load of the input (quantize) or of the codes (dequantize) is 128 bits wide and every
-  kernel stores its codes (outputs) with 128-bit stores -- the first GPU run's FP8 128x128 kernel issued
-  128 16-bit loads and 65 byte stores per tile, and FP8_TENSOR and dequantize one element at a time;
+- every global load of the input (quantize) is 128 bits wide, and dequantize stores its outputs with
+  128-bit stores -- the first GPU run's FP8 128x128 kernel issued 128 16-bit loads and 65 byte stores
+  per tile, and FP8_TENSOR and dequantize one element at a time;
+- round 2 (the second H200 run): every such instruction is warp-contiguous (32 lanes x its width of
+  contiguous bytes: offsets 32 x width apart on one base register), all of a thread's loads are in
+  flight before the first is used (a dependence walk over the SASS), and registers and shared memory
+  leave each SM the bytes in flight Little's law asks for;
 - no local memory (spills or stack arrays): ptxas's report and the SASS agree;
-- registers per thread within the budget that keeps >= 32 KB of loads in flight per SM;
+- registers per thread within each family's bound;
 - no flush-to-zero multiply or FMA (the fast paths are exact only with subnormals kept);
 - the FP8 element formats use the hardware conversion (F2FP ... E4M3 / E5M2) on sm_90a.
 
@@ -44,12 +48,25 @@ def _find(tool: str):
     return None
 
 
+_INSTR = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z0-9_.]+)([^;]*);")
+_REG = re.compile(r"\bR(\d+)(\.64)?\b")
+_ADDR = re.compile(r"\[(R\d+)(?:\.64)?(?:\+(-?0x[0-9a-f]+|-?\d+))?\]")
+
+
+def _width(op: str) -> int:
+    return 4 if op.endswith(".128") else 2 if op.endswith(".64") else 1
+
+
 class Kernel:
     def __init__(self, name: str, sass: str):
         self.name = name
-        self.ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z0-9_.]+)", sass)
+        found = _INSTR.findall(sass)
+        self.instrs = [(op, args.strip()) for _, op, args in found]
+        self.predicated = [bool(p) for p, _, _ in found]
+        self.ops = [op for op, _ in self.instrs]
         self.registers = None
         self.spill = None
+        self.smem = 0
 
     def count(self, pred) -> int:
         return sum(1 for op in self.ops if pred(op))
@@ -59,6 +76,51 @@ class Kernel:
 
     def stores(self, width: str | None = None):
         return self.count(lambda op: op.startswith("STG") and (width is None or op.endswith(width)))
+
+    def offsets(self, pred) -> dict:
+        """{base register: {immediate offsets}} of the global accesses whose opcode satisfies pred."""
+        found: dict = {}
+        for op, args in self.instrs:
+            if pred(op):
+                m = _ADDR.search(args)
+                if m:
+                    found.setdefault(m.group(1), set()).add(int(m.group(2) or "0", 0))
+        return found
+
+    def max_loads_in_flight(self, pred, weight=None) -> int:
+        """The most loads (opcode satisfying pred) issued and not yet consumed at one point of the
+        instruction stream, read in address order: a load's destination registers stay pending until
+        an instruction reads one of them (consumed) or writes one (dead: this point is on another path,
+        such as a kernel's tail loads after its whole-span ones). A thread that consumes each load
+        before issuing the next scores 1; one that issues W loads back to back, W. After an
+        unconditional branch the stream continues with code reached from elsewhere: nothing pending.
+        With `weight` (opcode -> bytes), the most bytes in flight instead of loads."""
+        pending: list = []  # (destination registers, weight)
+        best = 0
+        for (op, args), predicated in zip(self.instrs, self.predicated):
+            if op.startswith(("BRA", "EXIT", "RET")) and not predicated:
+                pending = []
+                continue
+            operands = [a.strip() for a in args.split(",")] if args else []
+            writes = set()
+            m = _REG.match(operands[0]) if operands else None
+            if m and not op.startswith(("ST", "RED")):
+                first = int(m.group(1))
+                n = _width(op) if op.startswith(("LD", "CS2R")) else (2 if ".WIDE" in op or m.group(2) else 1)
+                writes = set(range(first, first + (2 if op.startswith("CS2R") else n)))
+            reads = set()
+            for i, operand in enumerate(operands):
+                if i == 0 and writes:
+                    continue
+                for r in _REG.finditer(operand):
+                    first = int(r.group(1))
+                    n = 2 if r.group(2) else (_width(op) if "[" not in operand else 1)
+                    reads.update(range(first, first + n))
+            pending = [(regs, w) for regs, w in pending if not regs & (reads | writes)]
+            if op.startswith("LDG") and pred(op) and writes:
+                pending.append((writes, 1 if weight is None else weight(op)))
+                best = max(best, sum(w for _, w in pending))
+        return best
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +151,8 @@ def kernels(tmp_path_factory):
             current.registers = int(m.group(1))
         elif current is not None and (m := re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)):
             current.spill = int(m.group(1)) + int(m.group(2))
+        if current is not None and (m := re.search(r"Used \d+ registers.*?(\d+) bytes smem", line)):
+            current.smem = int(m.group(1))
     return found
 
 
@@ -113,13 +177,61 @@ def _check_common(k: Kernel, max_registers: int):
     assert k.count(lambda op: op.startswith(("FMUL.FTZ", "FFMA.FTZ"))) == 0, f"{k.name}: flush-to-zero arithmetic"
 
 
+# sm_90 per SM: 64 Ki registers (allocated per thread in multiples of 8), 227 KiB of shared memory for
+# CTAs (1 KiB of it reserved per CTA), at most 2048 threads.
+def _threads_per_sm(k: Kernel, threads: int = 256) -> int:
+    regs = -(-k.registers // 8) * 8
+    by_smem = (227 * 1024) // (k.smem + 1024)
+    return min(65536 // (regs * threads), by_smem, 2048 // threads) * threads
+
+
+_LOAD_BYTES = {".128": 16, ".64": 8, ".U16": 2, ".S16": 2, ".U8": 1, ".S8": 1}
+
+
+def _load_bytes(op: str) -> int:
+    return next((b for suffix, b in _LOAD_BYTES.items() if op.endswith(suffix)), 4)
+
+
+def _bytes_in_flight(k: Kernel, pred) -> int:
+    """Bytes of global loads a thread has in flight at most (max_loads_in_flight, weighted by width)."""
+    return k.max_loads_in_flight(pred, _load_bytes)
+
+
+# Little's law (docs/design.md, issue 35): ~4.3 TB/s x ~0.7 us of loaded latency over 132 SMs is ~23 KB
+# of reads in flight per SM for a pure read stream; a kernel that also writes needs its read share.
+LITTLE_BYTES_PER_SM = 24 * 1024
+
+
+def _check_in_flight(k: Kernel, per_thread_bytes: int, read_fraction: float, threads: int = 256):
+    per_sm = _threads_per_sm(k, threads) * per_thread_bytes
+    assert per_sm >= LITTLE_BYTES_PER_SM * read_fraction, (
+        f"{k.name}: {per_sm} bytes of loads in flight per SM ({_threads_per_sm(k, threads)} threads x "
+        f"{per_thread_bytes}), Little's law wants {LITTLE_BYTES_PER_SM * read_fraction:.0f}")
+
+
+def _warp_contiguous(k: Kernel, pred, step: int, n: int) -> bool:
+    """Some base register carries n accesses step bytes apart: lane l's access u at u * step + l * width,
+    i.e. each instruction covers 32 lanes x width contiguous bytes (step = 32 x width)."""
+    return any({o + step * i for i in range(n)} <= offs for offs in k.offsets(pred).values() for o in offs)
+
+
 def test_row_kernels(kernels):
+    """Round 2: a thread's W 16-byte loads used to be its own contiguous 16 W bytes (+0x10 apart), so each
+    load instruction read half of every sector it touched; now load j of lane l is piece 32 j + l of the
+    warp's span (+0x200 apart), staged through shared memory back to the thread's own elements."""
     for name, k in _select(kernels, "QuantizeRowsVec").items():
         fmt, kind = _args(name)[:2]
         per_thread_bytes = (32 if fmt in (2, 6) else 16) * (4 if kind == 0 else 2)
-        assert k.loads(".128") == per_thread_bytes // 16, f"{name}: {k.loads('.128')} 128-bit loads"
+        w = per_thread_bytes // 16
+        # two paths of W loads each: staged (rows of whole blocks) and direct (padded rows)
+        assert k.loads(".128") == 2 * w, f"{name}: {k.loads('.128')} 128-bit loads"
+        assert _warp_contiguous(k, lambda op: op == "LDG.E.128", 512, w), f"{name}: loads not warp-contiguous"
+        assert k.count(lambda op: op == "STS.128") >= w and k.count(lambda op: op == "LDS.128") >= w, name
+        assert k.max_loads_in_flight(lambda op: op == "LDG.E.128") >= w, f"{name}: a load used before the next issued"
         assert k.stores(".128") >= 1, f"{name}: codes not stored 128 bits wide"
         _check_common(k, 80)
+        codes = 0.5 if fmt in (2, 6) else 1.0
+        _check_in_flight(k, per_thread_bytes, (4 if kind == 0 else 2) / ((4 if kind == 0 else 2) + codes))
         if fmt in FP8_ELEMENT_FORMATS:
             assert k.count(lambda op: op.startswith("F2FP") and FP8_ELEMENT_FORMATS[fmt] in op), name
 
@@ -137,29 +249,115 @@ def test_column_and_fused_kernels(kernels):
 
 
 def test_tile_kernels_load_and_store_128_bits(kernels):
-    """FP8_128x128 was 128 16-bit loads and 65 byte stores per tile; now R rows x 16 columns a thread."""
+    """FP8_128x128 was 128 16-bit loads and 65 byte stores per tile; then 16 columns a thread, two loads
+    per row (+0x10: each instruction half of every sector it touched); now one 16-byte piece a thread
+    per row, 8 rows, all 8 loads in flight before the amax (the f16 kernel had 2: its per-row widening
+    sat between the loads), the codes one 8- or 4-byte store per row."""
     for name, k in _select(kernels, "QuantizeTilesVec").items():
         kind = _args(name)[0]
-        assert k.loads() == k.loads(".128") == (8 if kind == 0 else 8), f"{name}: loads {k.loads()}"
-        assert k.stores(".128") >= 1 and k.stores() - k.stores(".128") <= 1, f"{name}: stores"  # +1: the scale
+        assert k.loads() == k.loads(".128") == 8, f"{name}: loads {k.loads()}"
+        pairs = [o for offs in k.offsets(lambda op: op == "LDG.E.128").values() for o in offs if o + 16 in offs]
+        assert not pairs, f"{name}: a thread loads 16 contiguous bytes twice (not one piece per row)"
+        assert k.max_loads_in_flight(lambda op: op == "LDG.E.128") == 8, f"{name}: a load used before the next issued"
+        store = "STG.E" if kind == 0 else "STG.E.64"  # 4 or 8 codes per row
+        assert k.count(lambda op: op == store) == 8 + (1 if kind == 0 else 0), f"{name}: stores"  # f32: + the scale
+        assert k.stores() == 9, f"{name}: {k.stores()} stores (8 rows of codes and the scale)"
         _check_common(k, 80)
+        _check_in_flight(k, 128, 2 / 3, 512 if kind == 0 else 256)
 
 
 def test_per_tensor_kernels(kernels):
+    """Every element has the tensor's scale, so lane l takes pieces 32 j + l: warp-contiguous loads (and,
+    quantizing, warp-contiguous stores of each piece's 8 or 4 codes), all issued before any is used."""
     for name, k in _select(kernels, "TensorAmaxVec").items():
-        assert k.loads() == k.loads(".128") >= 2, name  # two chunks in flight, all 128-bit
+        w = 4 if _args(name)[0] == 0 else 2  # 16-byte pieces of a 16-element chunk
+        # 4 loads a step (4 / W spans), whole spans unpredicated and the tail predicated: 8, all 128-bit
+        assert k.loads() == k.loads(".128") == 8, name
+        assert _warp_contiguous(k, lambda op: op == "LDG.E.128", 512, w), f"{name}: loads not warp-contiguous"
+        assert k.max_loads_in_flight(lambda op: op == "LDG.E.128") >= 4, f"{name}: a load used before the next issued"
         _check_common(k, 64)
+        _check_in_flight(k, 64, 1.0)
     for name, k in _select(kernels, "QuantizeTensorVec").items():
-        assert k.loads(".128") >= 2 and k.loads() - k.loads(".128") <= 1, name  # +1: the amax slot
-        assert k.stores() == k.stores(".128") == 1, name
+        w = 4 if _args(name)[0] == 0 else 2
+        e = 16 // w  # elements (and code bytes) per piece
+        store = "STG.E.64" if e == 8 else "STG.E"
+        assert k.loads(".128") == w and k.loads() - k.loads(".128") <= 1, name  # +1: the amax slot
+        assert k.stores() == k.count(lambda op: op == store) == w, f"{name}: stores"
+        assert _warp_contiguous(k, lambda op: op == "LDG.E.128", 512, w), f"{name}: loads not warp-contiguous"
+        assert _warp_contiguous(k, lambda op: op == store, 32 * e, w), f"{name}: stores not warp-contiguous"
+        assert k.max_loads_in_flight(lambda op: op == "LDG.E.128") >= w, name
         _check_common(k, 64)
+        _check_in_flight(k, 16 * w, 2 / 3)
 
 
 def test_dequantize_kernels(kernels):
-    for name, k in _select(kernels, "DequantRowsVec").items():
-        fmt, out = _args(name)[:2]
-        outputs = (32 if fmt in (2, 6) else 16) * (4 if out == 0 else 2)
-        # all stores 128 bits wide (the fast path and the scalar path each store a chunk's outputs)
-        assert k.stores() == k.stores(".128") and k.stores() % (outputs // 16) == 0, f"{name}: stores {k.stores()}"
-        assert k.loads(".128") == 1, f"{name}: the codes in one 128-bit load"
+    """Round 2: a thread stored 32-128 contiguous bytes (each store instruction half of every sector it
+    touched) after one 16-byte load of codes. Now a thread owns 16-byte pieces of the output, lane l
+    piece 32 u + l of its warp's span: every output store 128 bits and warp-contiguous (+0x200), the
+    codes of U pieces loaded warp-contiguously (+32 x their width) and all in flight before the first
+    is converted. Template arguments: <format, output kind, packed, layout (0 rows, 1 tiles, 2 cols)>."""
+    layouts = set()
+    for name, k in _select(kernels, "DequantVec").items():
+        fmt, out, _packed, layout = _args(name)[:4]
+        layouts.add(layout)
+        e = 4 if out == 0 else 8  # outputs per 16-byte store
+        code_bytes = e // 2 if fmt in (2, 6) else e
+        u = 2 if layout == 2 else 4
+        code_op = {8: "LDG.E.64", 4: "LDG.E", 2: "LDG.E.U16"}[code_bytes]
+        assert k.stores() == k.stores(".128") == u, f"{name}: stores {k.stores()}"
+        assert _warp_contiguous(k, lambda op: op == "STG.E.128", 512, u), f"{name}: stores not warp-contiguous"
+        assert _warp_contiguous(k, lambda op: op == code_op, 32 * code_bytes, u), f"{name}: codes not warp-contiguous"
+        assert k.max_loads_in_flight(lambda op: op == code_op) >= u, f"{name}: codes used before all are loaded"
         _check_common(k, 64)
+        out_bytes = 4 if out == 0 else 2
+        _check_in_flight(k, _bytes_in_flight(k, lambda op: op.startswith("LDG")),
+                         code_bytes / e / (code_bytes / e + out_bytes))
+    assert layouts == {0, 1, 2}, f"dequantize layouts compiled: {sorted(layouts)}"
+
+
+def test_stage_slots_are_a_conflict_free_bijection(tmp_path):
+    """fast::StageSlot (the row kernels' shared-memory staging), compiled for the host: for W = 1, 2, 4, 8
+    pieces per thread it maps the warp's 32 W pieces one to one onto 32 W slots, and both the writes
+    (lane l, piece 32 j + l) and the reads (lane l, piece l W + i) of every quarter-warp touch 8
+    distinct 16-byte bank groups (one shared-memory wavefront each)."""
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler (g++) on PATH")
+    src = tmp_path / "stage_slots.cc"
+    src.write_text(r'''
+#include <cstdio>
+#include <set>
+#include "csrc/formats/block_scaled_fast.h"
+using gpuext::formats::fast::StageSlot;
+template <int W> int Check() {
+  std::set<int> slots;
+  for (int p = 0; p < 32 * W; ++p) {
+    const int s = StageSlot<W>(p);
+    if (s < 0 || s >= 32 * W || !slots.insert(s).second) return 1;
+  }
+  for (int j = 0; j < W; ++j)
+    for (int q = 0; q < 4; ++q) {
+      std::set<int> wr, rd;
+      for (int l = 8 * q; l < 8 * q + 8; ++l) {
+        wr.insert(StageSlot<W>(32 * j + l) % 8);
+        rd.insert(StageSlot<W>(l * W + j) % 8);
+      }
+      if (wr.size() != 8) return 2;
+      if (rd.size() != 8) return 3;
+    }
+  return 0;
+}
+int main() {
+  const int r[4] = {Check<1>(), Check<2>(), Check<4>(), Check<8>()};
+  for (int i = 0; i < 4; ++i)
+    if (r[i] != 0) { std::printf("W=%d failed: %d\n", 1 << i, r[i]); return 1; }
+  std::printf("ok\n");
+  return 0;
+}
+''')
+    exe = tmp_path / "stage_slots"
+    build = subprocess.run([cxx, "-O1", "-std=c++17", f"-I{ROOT}", str(src), "-o", str(exe)], capture_output=True,
+                           text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-3000:]
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout + run.stderr

@@ -15,11 +15,10 @@ from __future__ import annotations
 import io
 import json
 import math
-import zipfile
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import _safetensors_files as sf
@@ -51,8 +50,9 @@ def make_tensors(drawn: dict) -> dict:
     return {name: sf.random_tensor(code, whole_bytes(code, shape), seed) for name, (code, shape, seed) in drawn.items()}
 
 
-def judge(area: str, worker, path, case: str, then=None):
-    """Runs the reader and the oracle in the worker; an exact load or a clean refusal, or it fails."""
+def judge(area: str, worker, path, case: str, then=None, names=()):
+    """Runs the reader and the oracle in the worker; an exact load or a clean refusal, or it fails.
+    A refusal names the file, and one of ``names`` (the tensors at fault) when given."""
     path = str(path)
     r = worker_outcome(area, worker.run("read_checkpoint", dict(path=path, then=then), timeout=60), case)
     assert not (isinstance(r, tuple) and r[0] == "raised"), f"[{area}] the case itself failed: {r} ({case})"
@@ -61,6 +61,9 @@ def judge(area: str, worker, path, case: str, then=None):
         _, exc_type, message = ours
         assert exc_type in CLEAN, f"[{area}] unclear error {exc_type}: {message} ({case})"
         assert path in message, f"[{area}] the refusal does not name the file: {message} ({case})"
+        numpy_shape = path.endswith(".safetensors") and str(r["expected"][1]).startswith("NumPy cannot hold")
+        assert not (names and numpy_shape) or any(repr(n) in message for n in names), (
+            f"[{area}] the refusal does not name the tensor: {message} ({case})")
         if path.endswith(".safetensors"):
             kind, want = r["expected"]
             assert kind == "refused", f"[{area}] refused a file safetensors reads: {message} ({case})"
@@ -266,3 +269,89 @@ def test_arrays_outlive_their_file(worker, folder, drawn, then):
     path.write_bytes(sf.serialize(make_tensors(drawn)))
     with judged("checkpoint rewrite"):
         assert judge("checkpoint rewrite", worker, path, f"{then} after reading {drawn}", then=then) is not None
+
+
+# --------------------------------------------------------------------------- shapes NumPy cannot hold (issue 34)
+BIG = [2**31, 2**32, 2**40, 2**62, 2**63 - 1, 2**64 - 1]
+WHOLE_BYTE_CODES = [c for c in ("F32", "U8", "BF16", "I64", "BOOL", "F8_E4M3", "F8_E8M0") if c in CODES]
+
+
+@st.composite
+def numpy_cannot_hold(draw):
+    """A shape safetensors accepts with the bytes it implies (0 or 1 element) that NumPy may not
+    hold: an empty tensor whose other extents overflow every stride, or a rank beyond NumPy's."""
+    kind = draw(st.sampled_from(["empty", "rank", "empty and rank"]))
+    if kind == "empty":
+        shape = draw(st.permutations([0] + draw(st.lists(st.sampled_from(BIG + [1, 4]), min_size=1, max_size=3))))
+    else:
+        shape = [1] * draw(st.sampled_from([32, 33, 63, 64, 65, 100, 1000]))
+        if kind == "empty and rank":
+            shape[draw(st.integers(0, len(shape) - 1))] = 0
+    return list(shape)
+
+
+@fuzz("safetensors shapes", 12)
+@given(shape=numpy_cannot_hold(), code=st.sampled_from(WHOLE_BYTE_CODES), name=NAMES.filter(bool),
+       neighbour=st.booleans())
+def test_shapes_numpy_cannot_hold(worker, folder, shape, code, name, neighbour):
+    """Loaded exactly where NumPy holds the shape, else a CheckpointError naming the file and the
+    tensor (never NumPy's bare ValueError); a valid tensor beside it changes nothing."""
+    size = sf.element_dtype(code).itemsize * (0 if 0 in shape else 1)
+    header = {name: {"dtype": code, "shape": shape, "data_offsets": [0, size]}}
+    data = bytes(size)
+    if neighbour and name != "ok":
+        header["ok"] = {"dtype": "U8", "shape": [2], "data_offsets": [size, size + 2]}
+        data += b"\x01\x02"
+    path = folder / "shape.safetensors"
+    path.write_bytes(sf.build(header, data))
+    case = f"{name!r}: {code} of shape {shape if len(shape) < 8 else f'[{len(shape)} dims: {set(shape)}]'}"
+    with judged("safetensors shapes"):
+        judge("safetensors shapes", worker, path, case, names=(name,))
+
+
+# --------------------------------------------------------------------------- special files (issue 34)
+SPECIAL = ["fifo", "directory", "socket", "symlink to fifo", "symlink to directory", "symlink to /dev/null",
+           "dangling symlink", "missing", "empty file"]
+SUFFIXES = [".safetensors", ".SAFETENSORS", ".SafeTensors", ".npz", ".NPZ", "", ".bin"]
+# Never a write through /dev/null: were the refusal ever lost, a root CI would replace the device.
+ACTIONS = {"read_tensors", "read_safetensors_metadata", "read_npz", "write_safetensors"}
+
+
+@fuzz("special files", 16)
+@given(kind=st.sampled_from(SPECIAL), suffix=st.sampled_from(SUFFIXES), action=st.sampled_from(sorted(ACTIONS)))
+# Always run: what the class found (a socket's open() raised a bare OSError) and the writes the
+# issue named (a FIFO replaced by a file).
+@example(kind="socket", suffix=".npz", action="read_npz")
+@example(kind="socket", suffix=".safetensors", action="read_tensors")
+@example(kind="fifo", suffix=".safetensors", action="write_safetensors")
+@example(kind="symlink to fifo", suffix=".SAFETENSORS", action="write_safetensors")
+@example(kind="empty file", suffix=".safetensors", action="write_safetensors")
+def test_special_files(worker, kind, suffix, action):
+    """A FIFO, a directory, a socket (or a symlink to one, or to a character device) named as a
+    checkpoint: refused at once with a CheckpointError naming it, never read as empty, never waited
+    on, never replaced by a write. A missing file is FileNotFoundError or a CheckpointError; an
+    empty regular file is refused on reading and written over."""
+    if action == "write_safetensors" and kind == "symlink to /dev/null":
+        kind = "symlink to fifo"
+    area = "special files"
+    case = f"{action} on {kind} named 'x{suffix}'"
+    with judged(area):
+        r = worker_outcome(area, worker.run("special_file", dict(kind=kind, name=f"x{suffix}", action=action),
+                                            timeout=60), case)
+        assert not (isinstance(r, tuple) and r[0] == "raised"), f"[{area}] the case itself failed: {r} ({case})"
+        outcome, path = r["outcome"], r["path"]
+        special = kind not in ("missing", "dangling symlink", "empty file")
+        if action == "write_safetensors":
+            assert r["after"] == r["before"] or not special, f"[{area}] the write replaced {kind} ({case})"
+            if not special:
+                assert outcome[0] == "ok", f"[{area}] refused to write a new or regular file: {outcome} ({case})"
+                assert r["readback"][0] == "ok", f"[{area}] the file written does not read back: {r['readback']}"
+                record(area, "written")
+                return
+        assert outcome[0] == "raised", f"[{area}] {action} accepted {kind} ({case}): {outcome}"
+        _, exc_type, message = outcome
+        missing = kind in ("missing", "dangling symlink") and action != "write_safetensors"
+        allowed = ("CheckpointError", "FileNotFoundError") if missing else ("CheckpointError",)
+        assert exc_type in allowed, f"[{area}] {exc_type}: {message} ({case})"
+        assert path in message, f"[{area}] the refusal does not name the file: {message} ({case})"
+        record(area, "refused")

@@ -451,6 +451,25 @@ def test_wgrad_lowers_to_its_kernel():
         assert t in text, t
 
 
+def test_wgrad_lowers_with_no_tokens():
+    """No tokens (the GPU test's last case): zero token blocks, operands (K, 0) and (N, 0), scales
+    (0, K4) and (0, N4), which the handler accepts (blocks = 0) and answers with one memset."""
+    m, k, n, sizes = 0, 128, 136, [5, 3, 0, 1]
+    lhs, rhs, gs, _ = _wgrad_problem(1, k, n, sizes, True, False)
+    lhs, rhs = (jax.tree_util.tree_map(lambda x, ax=q.axis: jax.lax.slice_in_dim(x, 0, 0, axis=ax % 2), q)
+                for q in (lhs, rhs))
+    p = common.problem(lhs, rhs, gs, common.RAGGED_CONTRACT, jnp.float32)
+    assert (p.M, p.K, p.N, p.G) == (m, k, n, len(sizes)) and hopper.feature(p) == "wgrad"
+    why = hopper.supports(p).reason
+    assert _ext.module("cuda") is not None or "no CUDA extension" in why, why  # the shapes pass
+    text = jax.jit(lambda a, b, s: hopper.impl(a, b, s, p)).trace(lhs, rhs, gs).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert hopper.WGRAD_TARGET in text and "m = 0 : i64" in text
+    for t in (f"tensor<{k}x0xf8E4M3FN>", f"tensor<0x{k}xf32>", f"tensor<{n}x0xf8E4M3FN>", f"tensor<0x{n}xf32>",
+              f"tensor<{len(sizes)}x{k}x{n}xf32>"):
+        assert t in text, t
+
+
 def test_wgrad_supports_says_why():
     lhs, rhs, gs, p = _wgrad_problem(200, 136, 136, SIZES["skewed"], True, False)
     assert hopper.feature(p) == "wgrad"
@@ -466,9 +485,29 @@ def test_wgrad_supports_says_why():
 
 
 # --------------------------------------------------------------------------- GPU (Hopper)
-def _run(lhs, rhs, sizes, p, **jit_kw):
-    f = jax.jit(lambda a, b, s: hopper.impl(a, b, s, p), **jit_kw)
-    return f, f(lhs, rhs, sizes)
+# Compiling is most of this module's GPU time (the H200 run of 3ff9b82 spent 150 s on it, the
+# wgrad tests' in fresh child processes, and never reached the training step): the group sizes
+# are run-time values, so one executable per problem serves every size vector of that shape, and
+# cases whose layout lives in the sizes share a shape. Each executable is compiled once (lower /
+# compile, the compiled HLO checked from the same object: jit followed by f.lower().compile()
+# compiled twice). The isolated tests of this module share one child process while they pass
+# (tests/_isolation.py), so the cache lasts the module.
+_EXECUTABLES: dict = {}
+
+
+def _compiled(key, fn, *args, **jit_kw):
+    """jax.jit(fn, **jit_kw) compiled for args, once per (key, the args' shapes and dtypes)."""
+    leaves, tree = jax.tree_util.tree_flatten(args)
+    full = (key, tree, tuple((x.shape, str(x.dtype)) for x in leaves), tuple(sorted(jit_kw.items(), key=str)))
+    if full not in _EXECUTABLES:
+        _EXECUTABLES[full] = jax.jit(fn, **jit_kw).lower(*args).compile()
+    return _EXECUTABLES[full]
+
+
+def _run(lhs, rhs, sizes, p):
+    """The backend's impl for problem p, compiled once per problem and shapes; (executable, result)."""
+    c = _compiled(("impl", p), lambda a, b, s: hopper.impl(a, b, s, p), lhs, rhs, sizes)
+    return c, c(lhs, rhs, sizes)
 
 
 @pytest.mark.verifies("ragged_dot.hopper", feature="fp8_blockwise")
@@ -479,19 +518,22 @@ def test_gpu_matches_f64(case):
     m, k, n = 200, 384, 136  # a partial column tile; 3 K tiles
     lhs, rhs = operands(m, k, n, 6, gx.FP8_128x128, 2, seed=10)
     sizes = jnp.array(SIZES[case], jnp.int32)
-    f, y = _run(lhs, rhs, sizes, problem(m=m, k=k, n=n, g=6))
+    f, y = _run(lhs, rhs, sizes, problem(m=m, k=k, n=n, g=6))  # one executable for every case
     check_gpu_result(y, lhs, rhs, sizes, 2, jnp.bfloat16)
-    assert TARGET in f.lower(lhs, rhs, sizes).compile().as_text()
+    assert TARGET in f.as_text()
 
 
 @pytest.mark.verifies("ragged_dot.hopper", feature="fp8_blockwise")
 @pytest.mark.gpu
 @pytest.mark.gates("hopper")
-@pytest.mark.parametrize("out_dtype", [jnp.bfloat16, jnp.float32, jnp.float16], ids=["bf16", "f32", "f16"])
-@pytest.mark.parametrize("rhs_contract", [1, 2], ids=["GKN", "GNK"])
+@pytest.mark.parametrize("rhs_contract,out_dtype",
+                         [(1, jnp.bfloat16), (2, jnp.bfloat16), (2, jnp.float32), (2, jnp.float16)],
+                         ids=["GKN-bf16", "GNK-bf16", "GNK-f32", "GNK-f16"])
 def test_gpu_many_tiles_and_stages(rhs_contract, out_dtype):
     """M = 1000 over 3 groups (one of 700 rows: 6 row tiles, ending mid-tile), N = 392 (4 column
-    tiles, the last partial), K = 1024 (8 K tiles through 6 stages: every barrier phase wraps)."""
+    tiles, the last partial), K = 1024 (8 K tiles through 6 stages: every barrier phase wraps).
+    Every output dtype once (the kernel's stores), and the (G, K, N) weights once (XLA transposes
+    them: the kernel is the same)."""
     m, k, n, g = 1000, 1024, 392, 3
     lhs, rhs = operands(m, k, n, g, gx.FP8_128x128, rhs_contract, seed=20)
     sizes = jnp.array([700, 1, 250], jnp.int32)  # 951 rows: the last 49 must come out zero
@@ -502,15 +544,22 @@ def test_gpu_many_tiles_and_stages(rhs_contract, out_dtype):
 
 # (M, N, sizes) on the GPU: the layouts of the schedule test whose tiles start where the first
 # kernel trapped (rows not a multiple of 4), skewed and Zipf-like experts, empty experts first, last
-# and everywhere but one, groups that are not multiples of the tile height, and M = 0.
+# and everywhere but one, groups that are not multiples of the tile height, and M = 0. Layouts that
+# live in the sizes alone share one shape (M = 1000, N = 136, 16 groups: the schedule tests' vectors
+# padded with empty groups where the layout allows, rows past the groups zero): one executable.
+def _pad16(sizes, front=False):
+    pad = [0] * (16 - len(sizes))
+    return pad + sizes if front else sizes + pad
+
+
 GPU_LAYOUTS = {
     "zipf": (1000, 136, _zipf(1000, 16)),
     "empty_first_and_last": (400, 392, [0, 0, 173, 61, 129, 0, 0]),
-    "all_empty_but_one": (300, 136, [0, 0, 0, 257, 0, 0]),
-    "all_empty_but_last_unaligned": (300, 136, [0, 0, 0, 0, 0, 3, 201]),
-    "starts_not_multiple_of_4": (700, 136, [1, 130, 3, 255, 2, 129, 77]),
+    "all_empty_but_one": (1000, 136, _pad16([0, 0, 0, 257, 0, 0])),
+    "all_empty_but_last_unaligned": (1000, 136, _pad16([0, 0, 0, 0, 0, 3, 201], front=True)),
+    "starts_not_multiple_of_4": (1000, 136, _pad16([1, 130, 3, 255, 2, 129, 77])),
     "groups_not_multiple_of_tile": (768, 264, [127, 129, 255, 257]),
-    "tails_at_the_warpgroup_boundary": (600, 136, [64, 65, 63, 192, 128, 1]),  # second warpgroup idle iff <= 64
+    "tails_at_the_warpgroup_boundary": (1000, 136, _pad16([64, 65, 63, 192, 128, 1])),  # 2nd warpgroup idle iff <= 64
     "m_zero": (0, 136, [0, 0, 0, 0]),
     "m_zero_sizes_out_of_range": (0, 136, [5, 3, 0, 1]),
 }
@@ -573,10 +622,11 @@ def test_gpu_dgrad_matches_f64():
     sizes = jnp.array([300, 0, 5, 200], jnp.int32)
     qw = gx.quantize(jax.random.normal(jax.random.key(80), (4, k, n)) * 0.1, gx.FP8_128x128)
     qdy = gx.quantize(jax.random.normal(jax.random.key(81), (m, n)), gx.FP8_1x128)
-    f = jax.jit(lambda a, b, s: gx.ragged_dot(a, b, s, common.RAGGED_M_NK, preferred_element_type=jnp.float32,
-                                              backend="hopper"))
+    f = _compiled("dgrad", lambda a, b, s: gx.ragged_dot(a, b, s, common.RAGGED_M_NK,
+                                                         preferred_element_type=jnp.float32, backend="hopper"),
+                  qdy, qw, sizes)
     dx = f(qdy, qw, sizes)
-    assert dx.shape == (m, k) and TARGET in f.lower(qdy, qw, sizes).compile().as_text()
+    assert dx.shape == (m, k) and TARGET in f.as_text()
     check_gpu_result(dx, qdy, qw, sizes, 2, jnp.float32)  # (G, K, N) is the model's (G, rows, contracted)
 
 
@@ -626,10 +676,11 @@ def test_gpu_masked_matches_f64(case, rc):
     rows that are no multiple of 4 when C = 37), rows past each count zero."""
     g, c, k, n, counts = MASKED_GPU_CASES[case]
     lhs, rhs = _masked_operands(g, c, k, n, rc, seed=90)
-    f = jax.jit(lambda a, b, s: gx.ragged_dot_masked(a, b, s, rc, preferred_element_type=jnp.bfloat16,
-                                                     backend="hopper"))
-    y = f(lhs, rhs, jnp.array(counts, jnp.int32))
-    assert y.shape == (g, c, n) and TARGET in f.lower(lhs, rhs, jnp.array(counts, jnp.int32)).compile().as_text()
+    counts_d = jnp.array(counts, jnp.int32)
+    f = _compiled(("masked", rc), lambda a, b, s: gx.ragged_dot_masked(a, b, s, rc, preferred_element_type=jnp.bfloat16,
+                                                                      backend="hopper"), lhs, rhs, counts_d)
+    y = f(lhs, rhs, counts_d)
+    assert y.shape == (g, c, n) and TARGET in f.as_text()
     check_gpu_masked_result(y, lhs, rhs, counts, rc, jnp.bfloat16)
 
 
@@ -669,26 +720,41 @@ def _close_gpu(y, want, mag, out_dtype=jnp.float32):
     assert not bad.any(), f"{bad.sum()} of {bad.size} elements off, first at {np.argwhere(bad)[0]}"
 
 
+# (M tokens, K, N, sizes) on the GPU: the first three share one shape (their layouts live in the
+# sizes: skewed groups, groups starting at tokens that are no multiple of 16, empty groups and
+# tokens past the groups; K = 200 and N = 264 end in partial tiles, the second K tile's second
+# warpgroup holds 8 rows), so one executable per operand layout serves them; K = 72 (the second
+# warpgroup idle in every item) and no tokens at all (one memset) have shapes of their own.
+WGRAD_GPU_CASES = {
+    "model_skewed": (700, 200, 264, SIZES["skewed"] + [0]),
+    "starts_not_multiple_of_16": (700, 200, 264, [1, 130, 3, 255, 2, 129, 77]),
+    "empty_groups_and_tail": (700, 200, 264, [0, 0, 173, 61, 129, 0, 0]),
+    "k_not_a_multiple_of_128": (256, 72, 136, [100, 156]),
+    "no_tokens": (0, 128, 136, [5, 3, 0, 1]),
+}
+
+
 @pytest.mark.verifies("ragged_dot.hopper", feature="wgrad")
 @pytest.mark.gpu
 @pytest.mark.gates("hopper")
 @pytest.mark.parametrize("lhs_t,rhs_t", [(True, False), (False, True)], ids=["xT-dy", "x-dyT"])
-@pytest.mark.parametrize("case", ["model_skewed", "starts_not_multiple_of_16", "empty_groups_and_tail",
-                                  "k_not_a_multiple_of_128", "no_tokens"])
+@pytest.mark.parametrize("case", list(WGRAD_GPU_CASES))
 def test_gpu_wgrad_matches_f64(case, lhs_t, rhs_t):
     """dw (G, K, N) = each group's tokens of x^T times its tokens of dy on the wgrad kernel: groups
     starting at any token, empty groups (zero matrices), K = 72 (the second warpgroup idle), no
     tokens at all (one memset)."""
-    m, k, n, sizes = WGRAD_CASES[case]
+    m, k, n, sizes = WGRAD_GPU_CASES[case]
     lhs, rhs, gs, p = _wgrad_problem(max(m, 1), k, n, sizes, lhs_t, rhs_t, seed=100)
     if m == 0:  # no tokens: cut from quantized ones (the quantizer's own empty input is not this test's subject)
         lhs, rhs = (jax.tree_util.tree_map(lambda x, ax=q.axis: jax.lax.slice_in_dim(x, 0, 0, axis=ax % 2), q)
                     for q in (lhs, rhs))
     dims = jax.lax.RaggedDotDimensionNumbers((([1 if lhs_t else 0], [1 if rhs_t else 0]), ([], [])),
                                              [1 if lhs_t else 0], [])
-    f = jax.jit(lambda a, b, s: gx.ragged_dot(a, b, s, dims, preferred_element_type=jnp.float32, backend="hopper"))
+    f = _compiled(("wgrad", lhs_t, rhs_t),
+                  lambda a, b, s: gx.ragged_dot(a, b, s, dims, preferred_element_type=jnp.float32, backend="hopper"),
+                  lhs, rhs, gs)
     dw = f(lhs, rhs, gs)
-    assert dw.shape == (len(sizes), k, n) and hopper.WGRAD_TARGET in f.lower(lhs, rhs, gs).compile().as_text()
+    assert dw.shape == (len(sizes), k, n) and hopper.WGRAD_TARGET in f.as_text()
     lv, rv = rnp.dequant_grouped(lhs, np.asarray(gs)), rnp.dequant_grouped(rhs, np.asarray(gs))
     want, mag = rnp.ragged_contract(lv if lhs_t else lv.T, rv if not rhs_t else rv.T, np.asarray(gs))
     _close_gpu(dw, want, mag)
@@ -705,15 +771,15 @@ def test_gpu_training_step_runs_on_the_kernels():
     x = jax.random.normal(jax.random.key(110), (m, k)) * 2
     w = jax.random.normal(jax.random.key(111), (len(sizes), k, n)) * 0.3
     dy = jax.random.normal(jax.random.key(112), (m, n))
-    step = jax.jit(lambda x, w, dy: jax.vjp(lambda a, b: gx.scaled_ragged_dot(
-        a, b, jnp.asarray(sizes), preferred_element_type=jnp.float32, backend="hopper"), x, w)[1](dy))
 
-    def fwd(x, w):
-        return gx.scaled_ragged_dot(x, w, jnp.asarray(sizes), preferred_element_type=jnp.float32, backend="hopper")
+    def step(x, w, dy):  # y and both gradients from one program (one compile)
+        y, vjp = jax.vjp(lambda a, b: gx.scaled_ragged_dot(a, b, jnp.asarray(sizes), preferred_element_type=jnp.float32,
+                                                           backend="hopper"), x, w)
+        return (y, *vjp(dy))
 
-    y = jax.jit(fwd)(x, w)
-    dx, dw = step(x, w, dy)
-    hlo = step.lower(x, w, dy).compile().as_text()
+    compiled = jax.jit(step).lower(x, w, dy).compile()
+    y, dx, dw = compiled(x, w, dy)
+    hlo = compiled.as_text()
     assert f'custom_call_target="{TARGET}"' in hlo and f'custom_call_target="{hopper.WGRAD_TARGET}"' in hlo
     qx, qw = gx.quantize(x, gx.FP8_1x128), gx.quantize(w, gx.FP8_128x128)
     want, mag = rnp.ragged_m(rnp.dequant(qx), rnp.dequant(qw), sizes)
@@ -725,3 +791,95 @@ def test_gpu_training_step_runs_on_the_kernels():
     dyv = rnp.dequant_grouped(gx.quantize_grouped(dy, gx.FP8_1x128, jnp.asarray(sizes), axis=0), sizes)
     want, mag = rnp.ragged_contract(xt, dyv, sizes)
     _close_gpu(dw, want, mag)
+
+
+# --------------------------------------------------------------------------- the bench's hopper cells (CPU)
+def _bench_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_ragged_dot_under_test",
+                                                  REPO / "benchmarks" / "bench_ragged_dot.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _junit(cases, interrupted=False, counts=True):
+    """A junit file as gpu_run.sh's tests_ragged_hopper writes it: (name, feature or None, outcome)
+    per finished test; with ``counts``, the tests the group selected per feature (tests/conftest.py
+    verifies_collected_counts): these plus one more wgrad test when one was ``interrupted``."""
+    body, selected = [], {}
+    for name, feature, outcome in cases:
+        props = '<property name="verifies" value="ragged_dot.hopper" />'
+        if feature:
+            props += f'<property name="verifies_feature" value="ragged_dot.hopper={feature}" />'
+        selected[feature or ""] = selected.get(feature or "", 0) + 1
+        result = {"passed": "", "failed": '<failure message="x">x</failure>', "error": '<error message="x">x</error>',
+                  "skipped": '<skipped message="gate" />'}[outcome]
+        body.append(f'<testcase classname="tests.ragged_dot.test_ragged_dot_hopper" name="{name}" time="1">'
+                    f'<properties>{props}</properties>{result}</testcase>')
+    if interrupted:  # pytest's record of the test the step's bound interrupted: no name, no outcome
+        body.append('<testcase time="0.000" />')
+        selected["wgrad"] = selected.get("wgrad", 0) + 1
+    suite = ""
+    if counts:
+        value = json.dumps({"ragged_dot.hopper": selected, "ragged_dot.cublaslt": {"": 3}}).replace('"', "&quot;")
+        suite = f'<properties><property name="verifies_collected_counts" value="{value}" /></properties>'
+    return (f'<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" tests="{len(cases)}">'
+            f'{suite}{"".join(body)}</testsuite></testsuites>')
+
+
+FORWARD_OK = [("test_gpu_matches_f64[balanced]", "fp8_blockwise", "passed"),
+              ("test_gpu_dgrad_matches_f64", "fp8_blockwise", "passed"),
+              ("test_gpu_group_sizes_out_of_range_stay_in_bounds", None, "passed"),
+              ("test_gpu_masked_matches_f64[GKN-decode]", "masked", "passed")]
+WGRAD = "test_gpu_wgrad_matches_f64[{}]"
+
+
+def test_bench_times_the_hopper_forward_when_only_the_wgrad_failed(tmp_path):
+    """The H200 run of 3ff9b82: every forward, dgrad and masked test passed, the wgrad ones failed,
+    and the step's bound cut off the last wgrad test; gpu_run.sh's one flag then kept the kernel
+    out of the bench altogether. Per feature, its forward is timed and its training step is not."""
+    bench = _bench_module()
+    junit = tmp_path / "gpu-tests-ragged_hopper.xml"
+    cases = FORWARD_OK + [(WGRAD.format(c), "wgrad", "failed") for c in ("model_skewed-xT-dy", "no_tokens-xT-dy")]
+    junit.write_text(_junit(cases, interrupted=True))
+    why = bench.hopper_features(str(junit))
+    assert why["forward"] is None and "wgrad tests failed" in why["train"]
+    # the wgrad tests that finished passed, but the cut-off one may hang: still no training step
+    junit.write_text(_junit([(n, f, "passed") for n, f, _ in cases], interrupted=True))
+    why = bench.hopper_features(str(junit))
+    assert why["forward"] is None and "1 of its wgrad tests did not finish" in why["train"]
+    # a file without the selected counts (written before tests/conftest.py recorded them): the
+    # cut-off test could be any, so neither cell is timed
+    junit.write_text(_junit(cases, interrupted=True, counts=False))
+    assert all("unknown" in w for w in bench.hopper_features(str(junit)).values())
+
+
+def test_bench_hopper_cells_per_test_outcome(tmp_path):
+    bench = _bench_module()
+    junit = tmp_path / "j.xml"
+
+    def verdict(cases, **kw):
+        junit.write_text(_junit(cases, **kw))
+        return bench.hopper_features(str(junit))
+
+    wgrad_ok = [(WGRAD.format("model_skewed-xT-dy"), "wgrad", "passed"),
+                ("test_gpu_training_step_runs_on_the_kernels", "wgrad", "passed")]
+    assert verdict(FORWARD_OK + wgrad_ok) == {"forward": None, "train": None}
+    assert verdict(FORWARD_OK + wgrad_ok, counts=False) == {"forward": None, "train": None}
+    # a failed forward test, or one of the whole kernel (no feature): neither cell
+    for bad in (("test_gpu_matches_f64[skewed]", "fp8_blockwise", "failed"),
+                ("test_gpu_group_sizes_out_of_range_stay_in_bounds", None, "error")):
+        assert all(verdict(FORWARD_OK + wgrad_ok + [bad]).values()), bad
+    # what the bench does not run may fail: masked, command buffers
+    assert verdict(FORWARD_OK + wgrad_ok + [("test_gpu_masked_matches_f64[GNK-decode]", "masked", "failed"),
+                                            ("test_gpu_command_buffer_reads_the_sizes_of_each_call[]",
+                                             "command_buffer", "failed")]) == {"forward": None, "train": None}
+    # skipped (a closed gate) is not passed; another component's failed test is not the kernel's
+    skipped = [(n, f, "skipped") for n, f, _ in FORWARD_OK + wgrad_ok]
+    assert "none of its fp8_blockwise tests passed" in verdict(skipped)["forward"]
+    other = ('<testcase name="test_other"><properties><property name="verifies" value="ragged_dot.cublaslt" />'
+             '</properties><failure message="x">x</failure></testcase>')
+    junit.write_text(_junit(FORWARD_OK + wgrad_ok).replace("</testsuite>", other + "</testsuite>"))
+    assert bench.hopper_features(str(junit)) == {"forward": None, "train": None}

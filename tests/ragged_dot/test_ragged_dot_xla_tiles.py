@@ -194,23 +194,47 @@ def _in_loops(lines):
     return inside
 
 
+WIDE = re.compile(r"mx_wide_scales(_\d+)?$")  # scale_range.dot's function for MX scales outside its window
+
+
 def cuda_dots(mode, pair, m=M, k=K, n=N, sizes=SIZES):
-    """The StableHLO ops exported for cuda from this host, and (contracting size, FLOPs) of each dot."""
+    """The StableHLO ops exported for cuda from this host, and (contracting size, FLOPs, in a loop)
+    of each dot: those outside and those inside the ``mx_wide_scales`` function (MX operands whose
+    scales leave ``scale_range.in_window`` run it instead of the one-dot branch: a ``lax.cond``)."""
     ql, qr = operands(mode, *pair, m=m, k=k, n=n, sizes=sizes)
     f = jax.jit(lambda a, b, s: gx.ragged_dot(a, b, s, MODES[mode], backend="xla"))
     with backends.platform("cuda"):
         text = jax_export.export(f, platforms=["cuda"])(ql, qr, jnp.asarray(sizes)).mlir_module()
     # the ops only: source locations name this file (tests/ragged_dot/...)
     text = "\n".join(line.split(" loc(")[0] for line in text.splitlines() if not line.startswith("#loc"))
-    dots = []
+    dots, wide = [], []
     lines = text.splitlines()
-    for line, in_loop in zip(lines, _in_loops(lines)):
+    for line, in_loop, in_wide in zip(lines, _in_loops(lines), _in_functions(lines, WIDE)):
         d = DOT.search(line)
         if d is not None:
             lhs, out = _dims(d["lhs"]), _dims(d["out"])
             contract = int(np.prod([lhs[int(i)] for i in d["lc"].split(",")]))
-            dots.append((contract, 2 * int(np.prod(out)) * contract, in_loop))
-    return text, dots
+            (wide if in_wide else dots).append((contract, 2 * int(np.prod(out)) * contract, in_loop))
+    return text, dots, wide
+
+
+def _in_functions(lines, name):
+    """Whether each line lies in a function whose name matches ``name`` or in one it calls (directly
+    or not: jax outlines loop bodies as private functions)."""
+    of_line, calls, current = [], {}, None  # functions are top-level: one runs until the next begins
+    for line in lines:
+        f = FUNC.search(line)
+        current = f[1] if f is not None else current
+        of_line.append(current)
+        calls.setdefault(current, set()).update(CALL.findall(line))
+    todo = [f for f in calls if f is not None and name.match(f)]
+    reached = set(todo)
+    while todo:
+        for c in calls.get(todo.pop(), ()):
+            if c not in reached:
+                reached.add(c)
+                todo.append(c)
+    return [f in reached for f in of_line]
 
 
 LOWERING_CASES = [(mode, pair) for mode in MODES for pair in
@@ -226,19 +250,27 @@ def test_cuda_lowering_has_no_ragged_dot_and_no_dot_over_all_groups(mode, pair):
     groups over 512 rows that is 4,480 rows where XLA's expansion computes G x M = 16,384."""
     m, k, n, g = 512, 256, 128, 32
     sizes = np.full((g,), m // g - 1, np.int32)  # 15 rows each: every group ends in a partial tile
-    text, dots = cuda_dots(mode, pair, m, k, n, sizes)
+    text, dots, wide = cuda_dots(mode, pair, m, k, n, sizes)
     assert "ragged" not in text  # chlo.ragged_dot (or jax 0.7's custom call of that name)
     assert "custom_call" not in text
     for forbidden in ("callback", "infeed", "outfeed", "stablehlo.send", "stablehlo.recv"):
         assert forbidden not in text, forbidden
-    branches = 2 if pair[0].is_mx else 1  # MX: bf16 and f32 branches of the lax.cond, one runs
-    assert len(dots) == branches, dots
+    assert len(dots) == 1, dots  # MX: the one-dot branch of scale_range.dot's lax.cond
     rows = ragged_xla.tile_count(m, g) * ragged_xla.TILE
     assert rows <= m + g * (ragged_xla.TILE - 1) and rows < g * m
-    for contract, flops, in_loop in dots:
+    for contract, flops, in_loop in dots + wide:
         assert contract == (ragged_xla.TILE if mode == "ragged_contract" else k) and contract != g * k
-        # one chunk here: the dot is in no loop (the wgrad's adds may be), so its FLOPs are the total
-        assert flops == 2 * rows * k * n and not in_loop
+        # one chunk here: each dot is one chunk's (the wgrad's adds may loop), so its FLOPs are the total
+        assert flops == 2 * rows * k * n
+    assert not dots[0][2]
+    if pair[0].is_mx:
+        # MX scales outside the window: the same tiles once with unit scales (the NaN / Inf
+        # pattern) and once per pair of exponent classes, in a loop of 16 trips: at most 17 times
+        # the bounded work, never a dot over all groups
+        assert sorted(in_loop for *_, in_loop in wide) == [False, True], wide
+        assert "stablehlo.while" in text
+    else:
+        assert not wide
 
 
 def test_cuda_lowering_in_chunks_loops_without_host_work(monkeypatch):
@@ -246,7 +278,7 @@ def test_cuda_lowering_in_chunks_loops_without_host_work(monkeypatch):
     inside it is one chunk's (C tiles of 128 rows), the loop reads nothing back to the host."""
     mode, pair = "ragged_m", (gx.FP8_1x128, gx.FP8_128x128)
     monkeypatch.setattr(ragged_xla, "CHUNK_BYTES", 2 * K * N * 4)
-    text, dots = cuda_dots(mode, pair)
+    text, dots, _ = cuda_dots(mode, pair)
     assert "stablehlo.while" in text and "ragged" not in text and "custom_call" not in text
     assert "callback" not in text and "outfeed" not in text
     # T = 7: chunks of 2 tiles in the loop (3 trips), the last tile after it
