@@ -48,7 +48,7 @@ def collect(checkout: pathlib.Path, pytest_args: list[str]) -> list[dict]:
         out = pathlib.Path(tmp) / "collected.json"
         path = os.pathsep.join(p for p in (tmp, os.environ.get("PYTHONPATH", "")) if p)
         env = {**os.environ, "GPUEXT_COLLECTED_OUT": str(out), "PYTHONPATH": path}
-        cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "gpuext_collect_plugin",
+        cmd = [sys.executable, "-P", "-m", "pytest", "-p", "no:cacheprovider", "-p", "gpuext_collect_plugin",
                "--collect-only", "-q", *pytest_args]
         r = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True)
         if not out.exists():

@@ -196,7 +196,9 @@ def generated(root: pathlib.Path = ROOT, translations: dict | None = None) -> di
         out[gates_md] = text
     readme = root / "README.md"
     if readme.exists():
-        out[readme] = replace_block(readme.read_text(), verified.summary(record), "README.md")
+        # A tree without the fingerprint spec (a test's minimal tree) cannot tell this checkout's sources apart.
+        tree = fingerprints(root) if (root / SPEC).exists() else None
+        out[readme] = replace_block(readme.read_text(), verified.summary(record, tree), "README.md")
     return out
 
 

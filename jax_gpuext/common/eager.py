@@ -21,6 +21,7 @@ of the key). The remarks an implementation attaches to its ``Selection`` while i
 from __future__ import annotations
 
 import contextvars
+import functools
 from typing import Any, Callable
 
 import jax
@@ -67,3 +68,26 @@ class Cached:
         if len(selection.notes) == start:  # a cache hit: nothing was traced
             selection.notes.extend(self._notes.get(key, ()))
         return out
+
+
+def primitive_impl(primitive):
+    """A ``def_impl`` for one of our primitives: an eager ``bind`` runs one compiled program per
+    set of parameters and operand shapes (like a jnp op), not a new ``jax.jit`` of a new lambda per
+    call, which compiled again every time (issue 34, finding 4's class). Unhashable parameters
+    (none of ours today) fall back to an uncached compile."""
+
+    def impl(*args, **params):
+        try:
+            key = tuple(sorted(params.items()))
+            hash(key)
+        except TypeError:
+            return jax.jit(lambda *a: primitive.bind(*a, **params))(*args)
+        return _bound(primitive, key)(*args)
+
+    return impl
+
+
+@functools.lru_cache(maxsize=512)
+def _bound(primitive, key):
+    params = dict(key)
+    return jax.jit(lambda *a: primitive.bind(*a, **params))

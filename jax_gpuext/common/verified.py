@@ -878,11 +878,28 @@ def _feature_ok(e: dict, op: str, backend: str, pairing: str) -> bool:
     return bool(t and t["verified"])
 
 
-def summary(rec: dict | None = None) -> str:
-    """One paragraph for the README's status section."""
+def summary(rec: dict | None = None, tree_fingerprints: dict | None = None) -> str:
+    """One paragraph for the README's status section. With ``tree_fingerprints`` (the checkout's,
+    scripts/update_verified.py), what a build of this checkout runs is told apart from what passed
+    only at an earlier source (it needs a new GPU run before `auto` takes it again)."""
     rec = record() if rec is None else rec
-    done = sorted({f"`{e['component']}` ({e['architecture']}: {_feature_list(e, True) or 'all'})"
-                   for e in rec["entries"] if _usable(e)})
+    usable = [e for e in rec["entries"] if _usable(e)]
+    if tree_fingerprints is not None:
+        here = [e for e in usable if tree_fingerprints.get(e["component"]) == e["fingerprint"]]
+        here_names = {(e["component"], e["architecture"]) for e in here}
+        earlier = sorted({f"`{e['component']}` ({e['architecture']})" for e in usable
+                          if (e["component"], e["architecture"]) not in here_names})
+        done = sorted({f"`{e['component']}` ({e['architecture']}: {_feature_list(e, True) or 'all'})" for e in here})
+        if done or earlier:
+            head = ("**Verified on a GPU at this checkout's sources** (per feature; `auto` on that GPU takes only these "
+                    "of our kernels): " + (", ".join(done) or "none") + ". "
+                    + ("Verified at an earlier source only (their compiled sources changed since; the next GPU run "
+                       "verifies them again): " + ", ".join(earlier) + ". " if earlier else ""))
+            return (head + "Among the verified backends `auto` runs the one the committed benchmarks measured fastest "
+                    "for the op, formats and size, and XLA's own path where it measured faster or nothing of ours was "
+                    "measured (`jax_gpuext.explain` prints the numbers; docs/gates.md has every measured size).\n\n"
+                    + defaults_markdown(rec, compact=True))
+    done = sorted({f"`{e['component']}` ({e['architecture']}: {_feature_list(e, True) or 'all'})" for e in usable})
     if not done:
         return ("**Verified on a GPU: nothing yet.** No committed GPU run has passed any GPU backend's tests, so on "
                 "a GPU `backend=\"auto\"` runs XLA's own paths (bf16 dequantize + XLA dot, the jnp quantize, "

@@ -40,7 +40,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from jax_gpuext.common import backends, env, gates
+from jax_gpuext.common import backends, eager, env, gates
 from jax_gpuext.common import extension as _ext
 from jax_gpuext.common.errors import UnsupportedError, require_bool
 
@@ -301,7 +301,7 @@ def _primitive():
 
     p = Primitive("gpuext_memory_space_call")
     p.multiple_results = True
-    p.def_impl(functools.partial(_impl, p))
+    p.def_impl(eager.primitive_impl(p))  # eager calls: one compile per parameters and shapes
     p.def_abstract_eval(lambda *args, result_avals, **_: [ShapedArray(s, d) for s, d in result_avals])
     # Default rule (cpu, rocm, tpu, ...): no memory spaces; CUDA: annotate. JAX picks the rule
     # by the platform being lowered for, so AOT lowering for CUDA on a CPU host annotates.
@@ -310,12 +310,6 @@ def _primitive():
     batching.primitive_batchers[p] = functools.partial(_batch, p)
     del jax
     return p
-
-
-def _impl(p, *args, **params):
-    import jax
-
-    return jax.jit(lambda *a: p.bind(*a, **params))(*args)
 
 
 def _shield_enabled() -> bool:

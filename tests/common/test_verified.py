@@ -429,7 +429,7 @@ def _collected_features(paths) -> dict[str, dict[str, str]]:
         (pathlib.Path(tmp) / "features_plugin.py").write_text(plugin)
         env = os.environ | {"PYTHONPATH": tmp + os.pathsep + os.environ.get("PYTHONPATH", ""),
                             "FEATURES_OUT": f"{tmp}/out.json"}
-        r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "features_plugin",
+        r = subprocess.run([sys.executable, "-P", "-m", "pytest", "--collect-only", "-q", "-p", "features_plugin",
                             "-p", "no:cacheprovider", *map(str, paths)], capture_output=True, text=True, cwd=ROOT,
                            env=env)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

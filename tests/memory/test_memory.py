@@ -497,3 +497,17 @@ def test_gpu_pinned_host_under_jit():
     back = jax.jit(lambda y: place(y, MemorySpace.DEVICE) + 1)(y)
     assert back.sharding.memory_kind == "device"
     np.testing.assert_array_equal(back, x * 2 + 1)
+
+
+def test_eager_place_compiles_once_per_parameters_and_shapes():
+    """An eager place / memory-space call reuses its compiled program (issue 34, finding 4's class:
+    the primitive's impl was a new jax.jit of a new lambda per call)."""
+    from jax_gpuext.common import eager
+
+    x = jnp.arange(16, dtype=jnp.float32)
+    place(x, MemorySpace.COLLECTIVE)  # the first call compiles (CPU: the annotation is dropped, the call stays)
+    before = eager._bound.cache_info()
+    for _ in range(20):
+        np.testing.assert_array_equal(np.asarray(place(x, MemorySpace.COLLECTIVE)), np.asarray(x))
+    after = eager._bound.cache_info()
+    assert after.misses == before.misses and after.hits >= before.hits + 20, (before, after)
