@@ -45,4 +45,5 @@ env -u CUDACXX -u CUDA_PATH PATH="$nonvcc_path" bash -euo pipefail -c '
   "$OLDPWD"/.venv-wheel/bin/python -P "$OLDPWD"/.ci/check_gpu_parts.py' _ "$PY" "$PWD/$repaired"
 
 step "CPU test suite from the installed wheel on jax 0.7.0 (no nvcc on PATH)"
-env -u CUDACXX -u CUDA_PATH PATH="$nonvcc_path" .venv-wheel/bin/pytest -q -p no:cacheprovider
+source .ci/version_legs.sh
+env -u CUDACXX -u CUDA_PATH PATH="$nonvcc_path" "${VERSION_LEG_ENV[@]}" .venv-wheel/bin/pytest "${VERSION_LEG_PYTEST_ARGS[@]}"

@@ -33,6 +33,7 @@
 #include "ffi/common/ffi_util.h"
 #include "ffi/common/nvtx.h"
 #include "ffi/common/registry.h"
+#include "ffi/cuda/hopper_mx_out_type.h"
 
 namespace gpuext {
 namespace {
@@ -58,15 +59,7 @@ ffi::Error HopperMxDotImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a
                    std::string("b must be float8_e4m3fn or float8_e5m2, got ") + DataTypeName(b.element_type()));
   GPUEXT_FFI_CHECK(a_scale.element_type() == ffi::DataType::F32 && b_scale.element_type() == ffi::DataType::F32,
                    "scales must be float32");
-  switch (out->element_type()) {
-    case ffi::DataType::F32: p.out_type = hmx::OutType::kF32; break;
-    case ffi::DataType::BF16: p.out_type = hmx::OutType::kBF16; break;
-    case ffi::DataType::F16: p.out_type = hmx::OutType::kF16; break;
-    default:
-      return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                        std::string("out must be float32, bfloat16 or float16, got ") +
-                            DataTypeName(out->element_type()));
-  }
+  if (ffi::Error e = HopperOutType(out->element_type(), &p.out_type); e.failure()) return e;
   const auto ad = a.dimensions(), bd = b.dimensions(), sad = a_scale.dimensions(),
              sbd = b_scale.dimensions(), od = out->dimensions();
   GPUEXT_FFI_CHECK(ad.size() == 3 && bd.size() == 3 && sad.size() == 3 && sbd.size() == 3 && od.size() == 3,

@@ -31,6 +31,7 @@
 #include "ffi/common/ffi_util.h"
 #include "ffi/common/nvtx.h"
 #include "ffi/common/registry.h"
+#include "ffi/cuda/hopper_mx_out_type.h"
 
 namespace gpuext {
 namespace {
@@ -55,15 +56,7 @@ ffi::Error RaggedDotHopperImpl(cudaStream_t stream, int32_t device, ffi::AnyBuff
   GPUEXT_FFI_CHECK(lhs.element_type() == ffi::DataType::F8E4M3FN && rhs.element_type() == ffi::DataType::F8E4M3FN,
                    "lhs and rhs must be float8_e4m3fn, got " + BufferString(lhs) + " and " + BufferString(rhs));
   hg::Problem p;
-  switch (out->element_type()) {
-    case ffi::DataType::F32: p.out_type = hmx::OutType::kF32; break;
-    case ffi::DataType::BF16: p.out_type = hmx::OutType::kBF16; break;
-    case ffi::DataType::F16: p.out_type = hmx::OutType::kF16; break;
-    default:
-      return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                        std::string("out must be float32, bfloat16 or float16, got ") +
-                            DataTypeName(out->element_type()));
-  }
+  if (ffi::Error e = HopperOutType(out->element_type(), &p.out_type); e.failure()) return e;
   p.groups = rd[0];
   p.n = rd[1];
   if (masked) {
@@ -134,15 +127,7 @@ ffi::Error RaggedDotHopperWgradImpl(cudaStream_t stream, int32_t device, ffi::An
   GPUEXT_FFI_CHECK(a.element_type() == ffi::DataType::F8E4M3FN && b.element_type() == ffi::DataType::F8E4M3FN,
                    "a and b must be float8_e4m3fn, got " + BufferString(a) + " and " + BufferString(b));
   hg::WgradProblem p;
-  switch (out->element_type()) {
-    case ffi::DataType::F32: p.out_type = hmx::OutType::kF32; break;
-    case ffi::DataType::BF16: p.out_type = hmx::OutType::kBF16; break;
-    case ffi::DataType::F16: p.out_type = hmx::OutType::kF16; break;
-    default:
-      return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                        std::string("out must be float32, bfloat16 or float16, got ") +
-                            DataTypeName(out->element_type()));
-  }
+  if (ffi::Error e = HopperOutType(out->element_type(), &p.out_type); e.failure()) return e;
   p.m = m;
   p.k = ad[0];
   p.n = bd[0];

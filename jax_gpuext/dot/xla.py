@@ -110,6 +110,26 @@ def _dequantized(q, info: _dot.FormatInfo, dtype) -> jax.Array:
 
 def _dot_general(a, b, p: _dot.DotProblem, precision=None, out=jnp.float32) -> jax.Array:
     dn = ((p.lhs_contract, p.rhs_contract), (p.lhs_batch, p.rhs_batch))
+    if backends.current_platform() == "cpu":
+        return canonical_dot_general(a, b, dn, precision, out)
+    return lax.dot_general(a, b, dn, precision=precision, preferred_element_type=out)
+
+
+def canonical_dot_general(a, b, dimension_numbers, precision=None, out=jnp.float32) -> jax.Array:
+    """``lax.dot_general`` with the operands transposed first to lhs (batch, free, contracting) and
+    rhs (batch, contracting, free); the result is the same (dot_general's output is batch, lhs
+    free, rhs free whatever the operands' order). XLA:CPU (jaxlib 0.10-0.12) compiles a bf16 x bf16
+    -> f32 dot whose rhs batch dimension is not leading (``rhs_batch_dims={1}``) into a thunk that
+    fails at run time ("Unsupported element type for DotThunk::Execute: BF16 x BF16 = F32"; found
+    by the long fuzz campaign; tests/dot/test_dot_dimension_numbers.py); every canonical layout
+    runs. XLA:GPU picks its own layouts, so the CUDA lowering keeps the dot as given."""
+    (lc, rc), (lb, rb) = dimension_numbers
+    lf = [d for d in range(a.ndim) if d not in lc and d not in lb]
+    rf = [d for d in range(b.ndim) if d not in rc and d not in rb]
+    a = jnp.transpose(a, (*lb, *lf, *lc))
+    b = jnp.transpose(b, (*rb, *rc, *rf))
+    nb, nc = len(lb), len(lc)
+    dn = ((tuple(range(nb + len(lf), a.ndim)), tuple(range(nb, nb + nc))), (tuple(range(nb)), tuple(range(nb))))
     return lax.dot_general(a, b, dn, precision=precision, preferred_element_type=out)
 
 

@@ -425,16 +425,9 @@ def quantize(x, fmt, *, axis: int = -1, scale_rounding: str | None = None, globa
     ``global_scale``: NVFP4's fp32 dequantisation scale; default amax / (6 * 448).
     """
     fmt = _check_format(fmt)
-    x = as_array(x, "quantize", "x")
-    if x.dtype not in INPUT_DTYPES:
-        raise TypeError(f"quantize: x must be float32, bfloat16 or float16, got {x.dtype} (shape {x.shape})")
+    x = _checked_input(x, "quantize")
     ax = _normalize_axis(axis, x.ndim, fmt, x.shape)
-    scale_rounding = _check_scale_rounding(scale_rounding, fmt)
-    g = _check_global_scale(global_scale, fmt)
-    sel = backends.select(QUANTIZE_OP, backend, problem=(fmt, x.shape, x.dtype))
-    _note_fp4_layout(sel, fmt)
-    if fmt.has_global_scale and g is None:
-        g = ref.nvfp4_global_scale(x)
+    scale_rounding, g, sel = _checked_rounding_and_backend(x, fmt, scale_rounding, global_scale, backend)
 
     def run(x, *gs):
         return _quantize_on(sel.chosen, x, fmt, ax, scale_rounding, gs[0] if gs else None)
@@ -442,6 +435,26 @@ def quantize(x, fmt, *, axis: int = -1, scale_rounding: str | None = None, globa
     # One derivative rule for every backend, above the backend choice (docs/formats.md, "Gradients").
     data, scale = _refuse_derivatives(run)(x, *(() if g is None else (g,)))
     return BlockScaledArray(data, scale, g, fmt, ax)
+
+
+def _checked_input(x, what: str):
+    """x as an array of a quantizable dtype, or the error naming ``what``."""
+    x = as_array(x, what, "x")
+    if x.dtype not in INPUT_DTYPES:
+        raise TypeError(f"{what}: x must be float32, bfloat16 or float16, got {x.dtype} (shape {x.shape})")
+    return x
+
+
+def _checked_rounding_and_backend(x, fmt: BlockFormat, scale_rounding, global_scale, backend: str):
+    """(scale_rounding, global scale, backend selection): the keywords checked before any backend is
+    chosen, then the choice; NVFP4's default global scale (amax / (6 * 448)) filled in."""
+    scale_rounding = _check_scale_rounding(scale_rounding, fmt)
+    g = _check_global_scale(global_scale, fmt)
+    sel = backends.select(QUANTIZE_OP, backend, problem=(fmt, x.shape, x.dtype))
+    _note_fp4_layout(sel, fmt)
+    if fmt.has_global_scale and g is None:
+        g = ref.nvfp4_global_scale(x)
+    return scale_rounding, g, sel
 
 
 def _quantize_on(chosen: str, x, fmt: BlockFormat, ax: int, scale_rounding: str, g):
@@ -472,19 +485,12 @@ def quantize_both_axes(x, fmt, *, scale_rounding: str | None = None, global_scal
     """
     what = "quantize_both_axes"
     fmt = _check_format(fmt)
-    x = as_array(x, what, "x")
-    if x.dtype not in INPUT_DTYPES:
-        raise TypeError(f"{what}: x must be float32, bfloat16 or float16, got {x.dtype} (shape {x.shape})")
+    x = _checked_input(x, what)
     if x.ndim < 2:
         raise ValueError(f"{what}: x needs rank >= 2 (it is quantized along axes -1 and -2), got shape {x.shape}")
     ax_last = _normalize_axis(-1, x.ndim, fmt, x.shape)
     ax_second = _normalize_axis(-2, x.ndim, fmt, x.shape)  # FP8_128x128 raises here, as quantize does
-    scale_rounding = _check_scale_rounding(scale_rounding, fmt)
-    g = _check_global_scale(global_scale, fmt)
-    sel = backends.select(QUANTIZE_OP, backend, problem=(fmt, x.shape, x.dtype))
-    _note_fp4_layout(sel, fmt)
-    if fmt.has_global_scale and g is None:
-        g = ref.nvfp4_global_scale(x)
+    scale_rounding, g, sel = _checked_rounding_and_backend(x, fmt, scale_rounding, global_scale, backend)
 
     def run(x, *gs):
         g = gs[0] if gs else None

@@ -430,6 +430,14 @@ def _scalar_global(q, name: str, what: str):
                          f"{list(q.global_scale.shape)}")
 
 
+def check_same_family(lf, rf, what: str) -> None:
+    """The grouped dots' operands are one family (the dense dot also takes FP8_TENSOR)."""
+    if format_info(lf).family != format_info(rf).family:
+        raise ValueError(f"{what}: formats {lf.name} (lhs) and {rf.name} (rhs) cannot be mixed; both operands must be "
+                         "MX (MXFP8 E4M3/E5M2, MXFP4: any pairing), both NVFP4, or both FP8 blockwise "
+                         "(FP8_1x128 x FP8_128x128 / FP8_1x128)")
+
+
 def problem(lhs, rhs, group_sizes, dimension_numbers, out_dtype, what: str = "ragged_dot") -> RaggedProblem:
     """The validated problem, or a TypeError / ValueError naming the argument, shapes and dtypes."""
     group_sizes = check_group_sizes(group_sizes, what)
@@ -450,10 +458,7 @@ def problem(lhs, rhs, group_sizes, dimension_numbers, out_dtype, what: str = "ra
     rf = _operand(rhs, "rhs", what, grouped, mode)
     ls, rs = tuple(lhs.data.shape), tuple(rhs.data.shape)
     li, ri = format_info(lf), format_info(rf)
-    if li.family != ri.family:
-        raise ValueError(f"{what}: formats {lf.name} (lhs) and {rf.name} (rhs) cannot be mixed; both operands must be "
-                         "MX (MXFP8 E4M3/E5M2, MXFP4: any pairing), both NVFP4, or both FP8 blockwise "
-                         "(FP8_1x128 x FP8_128x128 / FP8_1x128)")
+    check_same_family(lf, rf, what)
     _scalar_global(lhs, "lhs", what)
     if mode == "ragged_m":
         if len(ls) != 2 or ragged != 0 or lc != 1:

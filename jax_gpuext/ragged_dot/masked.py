@@ -86,10 +86,7 @@ def problem(lhs, rhs, valid_counts, rhs_contracting_dim, out_dtype, what: str = 
     lf = common._operand(lhs, "lhs", what, False, "the masked layout")
     rf = common._operand(rhs, "rhs", what, False, "the masked layout")
     ls, rs = tuple(lhs.data.shape), tuple(rhs.data.shape)
-    if format_info(lf).family != format_info(rf).family:
-        raise ValueError(f"{what}: formats {lf.name} (lhs) and {rf.name} (rhs) cannot be mixed; both operands must be "
-                         "MX (MXFP8 E4M3/E5M2, MXFP4: any pairing), both NVFP4, or both FP8 blockwise "
-                         "(FP8_1x128 x FP8_128x128 / FP8_1x128)")
+    common.check_same_family(lf, rf, what)
     if len(ls) != 3 or len(rs) != 3:
         raise ValueError(f"{what}: lhs must be (G, C, K) (C rows of capacity per expert) and rhs (G, K, N) or "
                          f"(G, N, K), got lhs {ls} and rhs {rs}")

@@ -180,6 +180,12 @@ BSA_PATTERNS = {
     "fp8_block_128x128_weight": ((4, 2, 200), -1, (2, 200, 136), -1, (((1, 2), (0, 1)), ((), ())),
                                  (gx.FP8_1x128, gx.FP8_128x128)),
     "fp8_tensor_anything": ((3, 5, 7), -1, (7, 2, 5), -1, (((1, 2), (2, 0)), ((), ())), gx.FP8_TENSOR),
+    # The long fuzz campaign's case: XLA:CPU fails at run time on the bf16 dot of this layout (rhs
+    # batch dim 1, lhs contracted on its middle dim) unless the xla backend canonicalises it first.
+    "mx_rhs_batch_not_leading": ((2, 40, 3), 1, (40, 2, 40), 2, (((1,), (2,)), ((0,), (1,))), gx.MXFP8_E4M3),
+    "mxfp4_rhs_batch_not_leading": ((2, 40, 3), 1, (40, 2, 40), 2, (((1,), (2,)), ((0,), (1,))), gx.MXFP4),
+    "fp8_tensor_rhs_batch_not_leading": ((2, 40, 3), 1, (40, 2, 40), 2, (((1,), (2,)), ((0,), (1,))),
+                                         gx.FP8_TENSOR),
 }
 
 
