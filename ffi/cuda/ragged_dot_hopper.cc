@@ -41,6 +41,17 @@ namespace hmx = ::gpuext::hopper_mx;
 
 constexpr size_t kWorkspaceSlack = 256;
 
+// The workspace result (the tile table), checked to hold WorkspaceBytes + slack and aligned up
+// to the slack. CheckHolds, never size_bytes(): it refuses a workspace typed with a dtype whose
+// size the FFI headers do not know, which size_bytes() would count as 0 or garbage bytes (issue 26).
+ffi::Error AlignedWorkspace(const ffi::AnyBuffer& workspace, int64_t m, int64_t groups, void** aligned) {
+  const size_t need = hg::WorkspaceBytes(m, groups) + kWorkspaceSlack;
+  if (ffi::Error e = CheckHolds(workspace, "workspace", static_cast<int64_t>(need)); e.failure()) return e;
+  const auto base = reinterpret_cast<uintptr_t>(workspace.untyped_data());
+  *aligned = reinterpret_cast<void*>((base + kWorkspaceSlack - 1) / kWorkspaceSlack * kWorkspaceSlack);
+  return ffi::Error::Success();
+}
+
 ffi::Error RaggedDotHopperImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer lhs, ffi::Buffer<ffi::F32> lhs_scale,
                                ffi::AnyBuffer rhs, ffi::Buffer<ffi::F32> rhs_scale, ffi::Buffer<ffi::S32> group_sizes,
                                ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace) {
@@ -83,12 +94,7 @@ ffi::Error RaggedDotHopperImpl(cudaStream_t stream, int32_t device, ffi::AnyBuff
   GPUEXT_FFI_CHECK(rsd[0] == p.groups && rsd[1] == (p.n + 127) / 128 && rsd[2] == kb,
                    "rhs scales must be (G, ceil(N/128), ceil(K/128)), got " + DimsString(rsd) + " for rhs " +
                        DimsString(rd));
-  const size_t need = hg::WorkspaceBytes(p.m, p.groups) + kWorkspaceSlack;
-  // CheckHolds, never size_bytes(): it refuses a workspace typed with a dtype whose size the FFI
-  // headers do not know, which size_bytes() would count as 0 or garbage bytes (issue 26).
-  if (ffi::Error e = CheckHolds(*workspace, "workspace", static_cast<int64_t>(need)); e.failure()) return e;
-  const auto base = reinterpret_cast<uintptr_t>(workspace->untyped_data());
-  p.workspace = reinterpret_cast<void*>((base + kWorkspaceSlack - 1) / kWorkspaceSlack * kWorkspaceSlack);
+  if (ffi::Error e = AlignedWorkspace(*workspace, p.m, p.groups, &p.workspace); e.failure()) return e;
   p.group_sizes = group_sizes.typed_data();
   p.lhs = lhs.untyped_data();
   p.lhs_scale = lhs_scale.typed_data();
@@ -141,10 +147,7 @@ ffi::Error RaggedDotHopperWgradImpl(cudaStream_t stream, int32_t device, ffi::An
                        " and " + DimsString(bsd));
   GPUEXT_FFI_CHECK(od[0] == p.groups && od[1] == p.k && od[2] == p.n,
                    "out must be (G, K, N), got " + DimsString(od) + " for G = " + std::to_string(p.groups));
-  const size_t need = hg::WorkspaceBytes(p.m, p.groups) + kWorkspaceSlack;
-  if (ffi::Error e = CheckHolds(*workspace, "workspace", static_cast<int64_t>(need)); e.failure()) return e;
-  const auto base = reinterpret_cast<uintptr_t>(workspace->untyped_data());
-  p.workspace = reinterpret_cast<void*>((base + kWorkspaceSlack - 1) / kWorkspaceSlack * kWorkspaceSlack);
+  if (ffi::Error e = AlignedWorkspace(*workspace, p.m, p.groups, &p.workspace); e.failure()) return e;
   p.group_sizes = group_sizes.typed_data();
   p.a = a.untyped_data();
   p.a_scale = a_scale.typed_data();
