@@ -38,6 +38,7 @@ from jax import lax
 from jax_gpuext import formats
 from jax_gpuext.common import backends
 from jax_gpuext.common.gates import GateResult
+from jax_gpuext.dot import scale_range
 from jax_gpuext.dot import xla as dot_xla
 from jax_gpuext.dot.common import format_info
 from jax_gpuext.ragged_dot import common, hopper
@@ -149,7 +150,21 @@ def _batched(lhs, rhs, p: MaskedProblem, dtype, precision, dequantize) -> jax.Ar
                            preferred_element_type=jnp.float32)
 
 
+def _mx_exact(lhs, rhs, valid_counts, p: MaskedProblem, fast=None) -> jax.Array:
+    """MX: E8M0 scales reach 2^-127 (element x scale a float32 subnormal, flushed by XLA:CPU) and
+    2^127 (448 x 2^127 overflows). One batched dot where scale_range's window holds (``fast``, or
+    the float32 dot), else its exponent classes, each the float32 batched dot, combined exactly and
+    rounded once (the dense and grouped dots' rule; docs/design.md, "The smallest and largest MX
+    scales"). The masked operands are plain BlockScaledArrays blocked along K, so the classes use
+    the dense expansion. Rows past the counts: exact zeros."""
+    f32 = functools.partial(_batched, p=p, dtype=jnp.float32, precision=HIGHEST, dequantize=common.dequantized)
+    y = scale_range.dot(f32, lhs, rhs, p.K, p.out_dtype, fast=fast)
+    return jnp.where(valid_rows(valid_counts, p.G, p.C)[:, :, None], y, jnp.zeros((), p.out_dtype))
+
+
 def reference_impl(lhs, rhs, valid_counts, p: MaskedProblem, sel=None):
+    if p.family == "mx":
+        return _mx_exact(lhs, rhs, valid_counts, p)
     acc = _batched(lhs, rhs, p, jnp.float32, HIGHEST, common.dequantized)
     return _finish(acc, lhs, rhs, valid_counts, p)
 
@@ -169,6 +184,12 @@ def xla_impl(lhs, rhs, valid_counts, p: MaskedProblem, sel=None):
             backends.note(sel, "FP8 blockwise: float32 operands at HIGHEST precision (float32 block scales are not "
                                "exact in bf16)")
         acc = f32(lhs, rhs)
+    elif p.family == "mx":
+        if sel is not None:
+            backends.note(sel, "bf16 dequantize + one batched dot (f32 accumulation) when the E8M0 scales keep every "
+                               "element x scale and product a normal float (scale_range.in_window); else the float32 "
+                               "dot per class of scale exponents, combined by exponent arithmetic")
+        return _mx_exact(lhs, rhs, valid_counts, p, fast=bf16)
     else:
         checks = [(q, i) for q in (lhs, rhs) for i in (format_info(q.format),) if not dot_xla.exact_statically(i)]
         if not checks:
@@ -190,7 +211,7 @@ def _xla_prefers(p: MaskedProblem) -> GateResult:
 XLA_BACKEND = backends.Backend(
     "xla", ("cuda", "cpu"), (),
     "XLA only: one batched dot over the experts' slabs (G x C rows: the layout's own work), bf16 for MX / NVFP4 "
-    "where exact, else f32; rows past the counts zeroed",
+    "(MX with extreme scales: per exponent class, exact), f32 for FP8 blockwise; rows past the counts zeroed",
     takes="every format pair of one family; rhs (G, K, N) or (G, N, K); any shape; auto on CPU: never (the "
           "reference)", prefers=_xla_prefers)
 REFERENCE_BACKEND = backends.Backend(

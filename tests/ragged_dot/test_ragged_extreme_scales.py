@@ -219,3 +219,30 @@ def test_gpu_fp8_blockwise_keeps_subnormal_products(backend):
     y = jax.jit(lambda a, b, s: gx.ragged_dot(a, b, s, RAGGED_M, backend=backend))(ql, qr, jnp.asarray(SIZES))
     want, mag = rnp.ragged_m(rnp.dequant(ql), rnp.dequant(qr), SIZES)
     assert_exact_within_f32_accumulation(y, want, mag, jnp.float32, what=f"{backend} on CUDA")
+
+
+@pytest.mark.parametrize("fmts", FORMAT_PAIRS, ids=lambda f: f"{f[0].name}-{f[1].name}")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_masked_extreme_scales_match_float64(backend, fmts):
+    """ragged_dot_masked (G, C, K) x (G, K, N): the same extremes along K, their inverses in the
+    weights, rows past each expert's count zero. A float32 dot of float32-dequantized operands
+    flushes 2^-127 x element on XLA:CPU and overflows 448 x 2^127; the exponent classes do not."""
+    rng = _rng("masked", backend, fmts[0].name, fmts[1].name)
+    c, nb = 24, K // 32
+    counts = np.array([20, 0, 24, 9], np.int32)
+    pattern = _pattern(rng, nb)
+    lc = np.broadcast_to(pattern, (G, c, nb)).copy()
+    lc[0, 0], lc[2, 5] = TINY, HUGE
+    lc[:, 1:] = np.where(lc[:, 1:] == TINY, rng.choice([TINY, TINY1], lc[:, 1:].shape), lc[:, 1:])
+    rc = np.moveaxis(_inverse(rng, pattern, (G, N)), 0, 1)  # (G, nb, N)
+    lhs = gx.BlockScaledArray(jnp.asarray(_elements(rng, (G, c, K), fmts[0].elem_dtype)), _scale(lc), None, fmts[0],
+                              2)
+    rhs = gx.BlockScaledArray(jnp.asarray(_elements(rng, (G, K, N), fmts[1].elem_dtype)), _scale(rc), None,
+                              fmts[1], 1)
+    y = jax.jit(lambda a, b, v: gx.ragged_dot_masked(a, b, v, backend=backend))(lhs, rhs, jnp.asarray(counts))
+    with np.errstate(invalid="ignore", over="ignore"):
+        dl, dr = rnp.dequant(lhs), rnp.dequant(rhs)
+        keep = (np.arange(c)[None, :] < counts[:, None])[:, :, None]
+        want = np.where(keep, np.einsum("gck,gkn->gcn", dl, dr), 0.0)
+        mag = np.where(keep, np.einsum("gck,gkn->gcn", np.abs(dl), np.abs(dr)), 0.0)
+    assert_exact_within_f32_accumulation(y, want, mag, jnp.float32, what=f"{backend} masked")
