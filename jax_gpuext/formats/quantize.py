@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_gpuext.common import backends, gates
+from jax_gpuext.common import backends, eager, export, gates
 from jax_gpuext.common import extension as _ext
 from jax_gpuext.common import ffi as _ffi
 from jax_gpuext.common.errors import UnsupportedError, require_bool
@@ -434,7 +434,14 @@ def quantize(x, fmt, *, axis: int = -1, scale_rounding: str | None = None, globa
 
     # One derivative rule for every backend, above the backend choice (docs/formats.md, "Gradients").
     data, scale = _refuse_derivatives(run)(x, *(() if g is None else (g,)))
-    return BlockScaledArray(data, scale, g, fmt, ax)
+    return BlockScaledArray(_marked(data, sel, (fmt, x.shape, x.dtype)), scale, g, fmt, ax)
+
+
+def _marked(out, sel, problem):
+    """``out`` marked with the backend chosen for ``problem``: lowered for another platform than the
+    one traced for (a CUDA export from a CPU host), that platform's own choice or a clear refusal,
+    never this host's custom call (common/export.py, issue 34). Eager results need no mark."""
+    return export.mark_choice(out, sel, problem) if eager.traced(out) else out
 
 
 def _checked_input(x, what: str):
@@ -503,6 +510,7 @@ def quantize_both_axes(x, fmt, *, scale_rounding: str | None = None, global_scal
                 *_quantize_on(sel.chosen, x, fmt, ax_second, scale_rounding, g))
 
     d_last, s_last, d_second, s_second = _refuse_derivatives(run)(x, *(() if g is None else (g,)))
+    d_last, d_second = (_marked(d, sel, (fmt, x.shape, x.dtype)) for d in (d_last, d_second))
     return (BlockScaledArray(d_last, s_last, g, fmt, ax_last),
             BlockScaledArray(d_second, s_second, g, fmt, ax_second))
 
@@ -740,7 +748,8 @@ def dequantize(q: BlockScaledArray, dtype=jnp.float32, *, backend: str = "auto")
                              fp4_packed=_fp4_packed(sel.chosen, fmt))
 
     gs = () if q.global_scale is None else (jnp.asarray(q.global_scale),)
-    return _differentiable_dequantize(run, fmt, q.axis, dtype)(q.data, q.scale, *gs)
+    out = _differentiable_dequantize(run, fmt, q.axis, dtype)(q.data, q.scale, *gs)
+    return _marked(out, sel, (fmt, q.data.shape, dtype))
 
 
 def _expand_scale(scale, fmt: BlockFormat, axis: int, shape):

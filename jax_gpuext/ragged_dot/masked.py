@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jax_gpuext import formats
-from jax_gpuext.common import backends
+from jax_gpuext.common import backends, eager, export
 from jax_gpuext.common.gates import GateResult
 from jax_gpuext.dot import scale_range
 from jax_gpuext.dot import xla as dot_xla
@@ -248,4 +248,6 @@ def ragged_dot_masked(lhs, rhs, valid_counts, rhs_contracting_dim=None, *, prefe
     valid_counts = common.check_group_sizes(valid_counts, what)
     p = problem(lhs, rhs, valid_counts, rhs_contracting_dim, out_dtype, what)
     sel = backends.select(OP, backend, problem=p)
-    return _IMPLS[sel.chosen](lhs, rhs, jnp.asarray(valid_counts), p, sel)
+    out = _IMPLS[sel.chosen](lhs, rhs, jnp.asarray(valid_counts), p, sel)
+    # lowered for another platform than the one traced for: that platform's choice, or a clear refusal
+    return export.mark_choice(out, sel, p) if eager.traced(out) else out

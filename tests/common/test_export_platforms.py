@@ -2,7 +2,7 @@
 
 jax_gpuext chooses each op's backend while tracing, for the platform traced for; jax.export traces
 once and lowers for the platforms it is given. ``jax.export(..., platforms=("cuda",))`` on a CPU
-host used to put the CPU's choices into the CUDA module silently. Now each dot marks its result
+host used to put the CPU's choices into the CUDA module silently. Now each dot and formats op marks its result
 with its choice (common/export.py ``mark_choice``), and lowering for another platform either finds
 that platform would choose the same backend or refuses, saying how to export for it
 (``lowering_for``). Checked on CPU: the FP8 blockwise dense dot runs the reference on CPU and the
@@ -54,9 +54,10 @@ def test_the_choices_differ_between_the_platforms():
 def test_lowering_for_a_platform_whose_choice_differs_refuses(platforms):
     jax.clear_caches()  # traced now, for this host
     x, w = _operands()
-    with pytest.raises(ValueError, match=r"block_scaled_dot: backend 'reference' was chosen while tracing for cpu, "
-                                         r"but this lowering is for cuda, where block_scaled_dot runs backend 'xla'"
-                                         r".*lowering_for\('cuda'\)"):
+    # the step's first marked op refuses: its activations' quantize (cpu handler here) or the dot
+    with pytest.raises(ValueError, match=r"(quantize|block_scaled_dot): backend '(cpu|reference)' was chosen while "
+                                         r"tracing for cpu, but this lowering is for cuda, where \1 runs backend "
+                                         r"'xla'.*lowering_for\('cuda'\)"):
         _export(platforms)(x, w)
 
 
@@ -99,3 +100,30 @@ def test_ragged_dot_refuses_a_choice_its_lowering_platform_would_not_make(monkey
         traced.lower(lowering_platforms=("cuda",))
     assert "backend_choice" not in traced.lower(lowering_platforms=("cpu",)).as_text()
     jax.clear_caches()
+
+
+_FORMAT_OPS = {
+    "quantize": lambda x: gx.quantize(x, gx.MXFP8_E4M3).data,
+    "quantize_both_axes": lambda x: gx.quantize_both_axes(x, gx.MXFP8_E4M3)[1].data,
+    "dequantize": lambda x: gx.dequantize(gx.quantize(x, gx.MXFP8_E4M3, backend="xla"), jnp.float32),
+}
+
+
+@pytest.mark.parametrize("name", _FORMAT_OPS)
+def test_quantize_and_dequantize_refuse_a_cuda_export_of_this_hosts_handler(name):
+    """The formats ops carry the mark too: on CPU `auto` runs our C++ CPU handler (gpuext_quantize /
+    gpuext_dequantize), on CUDA the xla path; a CUDA export traced here put the CPU handler's call
+    into the CUDA module. It refuses now, and ``lowering_for("cuda")`` exports CUDA's own choice."""
+    f = _FORMAT_OPS[name]
+    x = jnp.asarray(np.random.default_rng(7).standard_normal((64, 128)), jnp.float32)
+    op = "dequantize" if name == "dequantize" else "quantize"
+    assert {c.chosen for c in gx.explain(f, x, platform="cpu").calls if c.op == op} == {"cpu"}  # the premise
+    jax.clear_caches()
+    export = jax_export.export(jax.jit(f), platforms=("cuda",), disabled_checks=gx.export_disabled_checks())
+    with pytest.raises(ValueError, match=rf"{op}: backend 'cpu' was chosen while tracing for cpu, but this lowering "
+                                         rf"is for cuda, where {op} runs backend 'xla'"):
+        export(x)
+    with lowering_for("cuda"):
+        text = jax_export.export(jax.jit(f), platforms=("cuda",),
+                                 disabled_checks=gx.export_disabled_checks())(x).mlir_module()
+    assert "gpuext_" not in text  # CUDA's choice here is XLA's own path
