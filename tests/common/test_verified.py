@@ -427,7 +427,10 @@ def _collected_features(paths) -> dict[str, dict[str, str]]:
 
     with tempfile.TemporaryDirectory() as tmp:
         (pathlib.Path(tmp) / "features_plugin.py").write_text(plugin)
-        env = os.environ | {"PYTHONPATH": tmp + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        # No empty entry: an empty PYTHONPATH component means the working directory, the source tree
+        # here, whose jax_gpuext has no compiled extension under a non-editable install (CI's).
+        path = os.pathsep.join(p for p in (tmp, os.environ.get("PYTHONPATH", "")) if p)
+        env = os.environ | {"PYTHONPATH": path,
                             "FEATURES_OUT": f"{tmp}/out.json"}
         r = subprocess.run([sys.executable, "-P", "-m", "pytest", "--collect-only", "-q", "-p", "features_plugin",
                             "-p", "no:cacheprovider", *map(str, paths)], capture_output=True, text=True, cwd=ROOT,
