@@ -186,6 +186,7 @@ def test_a_parent_stopped_mid_batch_has_reported_what_the_child_finished(tmp_pat
     the child had finished are in the parent's junit file already (the H200 run of 3ff9b82 lost a
     whole 35-test batch that way), and the child is not left behind."""
     import signal
+    import threading
     import time
 
     project = tmp_path / "project"
@@ -196,12 +197,19 @@ def test_a_parent_stopped_mid_batch_has_reported_what_the_child_finished(tmp_pat
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     cmd = [sys.executable, "-P", "-m", "pytest", "-p", "no:cacheprovider", "-q", f"--junitxml={junit}", str(project)]
     p = subprocess.Popen(cmd, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    chars: list[str] = []
+    reader = threading.Thread(target=lambda: chars.extend(iter(lambda: p.stdout.read(1), "")), daemon=True)
+    reader.start()
+    # The signal comes once the child runs test 3 and the parent has printed the two quick tests'
+    # passes: on a loaded machine the parent may lag its child by seconds, and what this test asks
+    # is that what the parent had to report is in the junit file, not a race with its polling.
     deadline = time.monotonic() + 120
-    while not (project / "started.txt").exists() and time.monotonic() < deadline:
+    while not ((project / "started.txt").exists() and "".join(chars).count(".") >= 2) and time.monotonic() < deadline:
         time.sleep(0.1)
-    time.sleep(0.5)
     p.send_signal(signal.SIGINT)
-    out, _ = p.communicate(timeout=180)  # generous: CI machines run this while loaded
+    p.wait(timeout=180)
+    reader.join(timeout=60)
+    out = "".join(chars)
     cases = {c.get("name"): [x.tag for x in c if x.tag in ("failure", "error", "skipped")]
              for c in ET.parse(junit).getroot().iter("testcase")}
     assert cases.get("test_1_quick") == [] and cases.get("test_2_quick") == [], (cases, out)
