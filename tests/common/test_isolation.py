@@ -207,7 +207,12 @@ def test_a_parent_stopped_mid_batch_has_reported_what_the_child_finished(tmp_pat
     while not ((project / "started.txt").exists() and "".join(chars).count(".") >= 2) and time.monotonic() < deadline:
         time.sleep(0.1)
     p.send_signal(signal.SIGINT)
-    p.wait(timeout=180)
+    try:
+        p.wait(timeout=180)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        reader.join(timeout=10)
+        pytest.fail(f"the interrupted parent did not exit within 180 s; its output so far:\n{''.join(chars)}")
     reader.join(timeout=60)
     out = "".join(chars)
     cases = {c.get("name"): [x.tag for x in c if x.tag in ("failure", "error", "skipped")]
