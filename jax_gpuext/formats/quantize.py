@@ -627,9 +627,15 @@ def _unblock_2d(codes, mn):
 
 def _codes_to_elements(codes, dtype):
     if dtype == jnp.float4_e2m1fn:
-        # no 4-bit bitcast: go through the exactly representable fp32 values
-        values = jnp.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], jnp.float32)
-        return values[codes.astype(jnp.int32)].astype(dtype)
+        # no 4-bit bitcast: go through the exactly representable fp32 values, built from the code's
+        # fields (sign, exponent e, mantissa bit h: 0.5 * h for e == 0, else 2**(e - 1) * (1 + h / 2)).
+        # Not a lookup in a 16-entry table: a gather indexed by the whole quantize computation, fused
+        # with XLA's float4 conversions, was one of the loops XLA:CPU of jaxlib 0.12 never finished
+        # compiling (docs/design.md, "jaxlib 0.12 compile hang"); the same values, bit for bit.
+        c = codes.astype(jnp.uint32)
+        e, h = (c >> 1) & 3, c & 1
+        mag = jnp.where(e == 0, h * jnp.uint32(0x3F000000), ((e + 126) << 23) | (h << 22))
+        return lax.bitcast_convert_type(((c >> 3) << 31) | mag, jnp.float32).astype(dtype)
     return lax.bitcast_convert_type(codes.astype(jnp.uint8), dtype)
 
 
@@ -661,6 +667,18 @@ def _quantize_empty(x, fmt: BlockFormat, axis: int):
 
 
 def _quantize_reference(x, fmt: BlockFormat, axis: int, rounding: str, g):
+    """(data, scale) by the reference rules, passed through an optimization barrier: the reference
+    hands its results over as stored, so its consumers (a dequantize, the reference dot's
+    ``data.astype(float32) * scale``) are not fused into its element loop. XLA:CPU of jaxlib 0.12
+    fused an NVFP4 quantize's whole bit-level computation with such consumers into one loop, and
+    LLVM's loop vectorizer never finished planning it (docs/design.md, "jaxlib 0.12 compile hang":
+    no end after 25 min; 1.1 s with the barrier, as on jaxlib 0.10). The reference is the
+    semantic definition, not a fast path: the boundary changes no bit and costs nothing that
+    matters."""
+    return lax.optimization_barrier(_quantize_reference_parts(x, fmt, axis, rounding, g))
+
+
+def _quantize_reference_parts(x, fmt: BlockFormat, axis: int, rounding: str, g):
     if x.size == 0 and not fmt.per_tensor:
         return _quantize_empty(x, fmt, axis)
     bits = ref.to_f32_bits(x)
@@ -766,11 +784,11 @@ def _expand_scale(scale, fmt: BlockFormat, axis: int, shape):
 def _dequantize_reference(q: BlockScaledArray, dtype):
     if q.data.size == 0:
         return jnp.zeros(q.data.shape, dtype)
-    # The reference reads its operands as given: without the barrier, XLA:CPU of jaxlib 0.12 does not
-    # finish compiling an NVFP4 reference quantize followed by this dequantize in one program (its
-    # simplifier works across the two bit-level computations; measured: no end after 25 min, 0.8 s
-    # with the barrier; jaxlib 0.10 takes 0.8 s either way). The reference is the semantic
-    # definition, not a fast path: a fusion boundary here costs nothing that matters.
+    # The reference reads its operands as given: a fusion boundary, so that whatever computed them
+    # (a reference quantize, which has its own barrier; any user code) is not fused into this
+    # bit-level loop. XLA:CPU of jaxlib 0.12 hands LLVM such fused loops whose vectorization never
+    # finishes (docs/design.md, "jaxlib 0.12 compile hang"). The reference is the semantic
+    # definition, not a fast path: the boundary costs nothing that matters.
     data, scale, g = lax.optimization_barrier((q.data, q.scale, q.global_scale))
     q = BlockScaledArray(data, scale, g, q.format, q.axis)
     fmt, out = q.format, _OUT_FORMATS[dtype]
