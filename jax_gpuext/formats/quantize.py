@@ -627,15 +627,13 @@ def _unblock_2d(codes, mn):
 
 def _codes_to_elements(codes, dtype):
     if dtype == jnp.float4_e2m1fn:
-        # no 4-bit bitcast: go through the exactly representable fp32 values, built from the code's
-        # fields (sign, exponent e, mantissa bit h: 0.5 * h for e == 0, else 2**(e - 1) * (1 + h / 2)).
-        # Not a lookup in a 16-entry table: a gather indexed by the whole quantize computation, fused
-        # with XLA's float4 conversions, was one of the loops XLA:CPU of jaxlib 0.12 never finished
-        # compiling (docs/design.md, "jaxlib 0.12 compile hang"); the same values, bit for bit.
-        c = codes.astype(jnp.uint32)
-        e, h = (c >> 1) & 3, c & 1
-        mag = jnp.where(e == 0, h * jnp.uint32(0x3F000000), ((e + 126) << 23) | (h << 22))
-        return lax.bitcast_convert_type(((c >> 3) << 31) | mag, jnp.float32).astype(dtype)
+        # No 4-bit bitcast: go through the exactly representable fp32 values, by a 16-entry table.
+        # Not built from the code's fields (bitcast to float32, then to float4): jaxlib 0.7's XLA:CPU
+        # miscompiles that conversion for a quantize along a non-last axis (wrong codes, then heap
+        # corruption; docs/design.md, "jaxlib 0.12 compile hang"). The table was one of jaxlib 0.12's
+        # slow loops only when fused with a consumer, which _quantize_reference's barrier prevents.
+        values = jnp.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], jnp.float32)
+        return values[codes.astype(jnp.int32)].astype(dtype)
     return lax.bitcast_convert_type(codes.astype(jnp.uint8), dtype)
 
 
