@@ -129,8 +129,9 @@ def test_vmap_axes_reduce_over_the_batch(mesh, algorithm, axes):
         want = np.broadcast_to(want, rows.shape).reshape(x.shape).astype(np.float32)
         f = _shard_map(lambda v: jax.vmap(lambda r: jax_gpuext.all_reduce(r, axes, op=op, algorithm=algorithm,
                                                                            timeout_s=30), axis_name="b")(v), mesh)
+        compiled = f.lower(xs).compile()  # timed below: the run alone (a compile on a busy machine is slow)
         t0 = time.perf_counter()
-        got = np.asarray(f(xs))
+        got = np.asarray(compiled(xs))
         assert time.perf_counter() - t0 < 15, "waited for peers that do not exist"
         np.testing.assert_array_equal(got, want, err_msg=f"{op} over {axes} with {algorithm}")
 
@@ -295,17 +296,18 @@ def test_two_devices_claiming_one_rank_fail_naming_it(mesh):
     def body(v, site):
         rank = (lax.axis_index("i") // 2).astype(jnp.int32)
         attrs = dict(op=np.int32(0), algorithm=np.int32(1), group_size=np.int64(2), site=np.int64(site),
-                     workspace_bytes=np.int64(1 << 12), timeout_s=np.float32(10))
+                     workspace_bytes=np.int64(1 << 12), timeout_s=np.float32(30))
         return jax.ffi.ffi_call("gpuext_all_reduce", jax.ShapeDtypeStruct(v.shape, v.dtype))(
             v, rank, jnp.zeros((), jnp.int32), **attrs)
 
     for site in (1 << 41, (1 << 41) + 1):  # a fresh site each time: a failed site stays failed
         f = jax.jit(jax.shard_map(lambda v: body(v, site), mesh=mesh4, in_specs=P("i"), out_specs=P("i"),
                                   check_vma=False))
+        compiled = f.lower(x).compile()  # timed below: the run alone, against a 30 s timeout
         t0 = time.perf_counter()
         with pytest.raises(Exception, match=r"rank [01] of all_reduce group color 0 .* claimed by"):
-            jax.block_until_ready(f(x))
-        assert time.perf_counter() - t0 < 8, "a duplicate claim must fail at once, not at the timeout"
+            jax.block_until_ready(compiled(x))
+        assert time.perf_counter() - t0 < 10, "a duplicate claim must fail at once, not at the timeout"
 
 
 def test_a_loop_calls_one_site_many_times_from_the_same_devices(mesh):
