@@ -307,7 +307,7 @@ def test_two_devices_claiming_one_rank_fail_naming_it(mesh):
         t0 = time.perf_counter()
         with pytest.raises(Exception, match=r"rank [01] of all_reduce group color 0 .* claimed by"):
             jax.block_until_ready(compiled(x))
-        assert time.perf_counter() - t0 < 10, "a duplicate claim must fail at once, not at the timeout"
+        assert time.perf_counter() - t0 < 8, "a duplicate claim must fail at once, not at the timeout"
 
 
 def test_a_loop_calls_one_site_many_times_from_the_same_devices(mesh):
