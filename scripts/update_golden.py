@@ -120,7 +120,8 @@ def _as_lowered_for_the_golden():
     hopper_mx.choose_config = lambda b, m, n, k, *rest: (hopper_mx.default_config(b, m, n, k), "default")
     FP4_PACKED["cuda"] = True
     try:
-        yield
+        with backends.platform("cuda"):  # traced for CUDA alone (no CPU branch: common/export.py per_platform)
+            yield
     finally:
         backends.select, gates.check, hopper_mx.choose_config = real_select, real_check, real_choose
         del FP4_PACKED["cuda"]

@@ -89,6 +89,9 @@ _log: contextvars.ContextVar[list | None] = contextvars.ContextVar("jax_gpuext_e
 _platform_override: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "jax_gpuext_platform", default=None)
 _warned: set[tuple] = set()
+# Selections made while tracing another platform's branch of an op (common/export.py, per_platform)
+# are neither logged nor recorded for explain: this host runs its own choices.
+_quiet: contextvars.ContextVar[bool] = contextvars.ContextVar("jax_gpuext_quiet", default=False)
 
 
 def register(op: str, backend: Backend) -> None:
@@ -116,6 +119,22 @@ def current_platform() -> str:
 
     p = jax.default_backend()
     return "cuda" if p == "gpu" else p
+
+
+def platform_pinned() -> bool:
+    """Is the platform traced for set explicitly (``platform``, ``explain``'s override, an op's
+    per-platform branch, ``export.lowering_for``)? Then ops trace for it alone."""
+    return _platform_override.get() is not None
+
+
+@contextlib.contextmanager
+def quiet():
+    """Selections inside the block are not logged or recorded (another platform's branch)."""
+    token = _quiet.set(True)
+    try:
+        yield
+    finally:
+        _quiet.reset(token)
 
 
 @contextlib.contextmanager
@@ -195,6 +214,8 @@ def _not_its_problem(b: Backend, platform_name: str, problem) -> str | None:
 
 
 def _warn_once(key: tuple, message: str, *args) -> None:
+    if _quiet.get():
+        return
     if key not in _warned:
         _warned.add(key)
         logger.warning(message, *args)
@@ -339,6 +360,8 @@ def _select_ranked(op: str, requested: str, platform_name: str, candidates: list
 
 
 def _record(sel: Selection) -> Selection:
+    if _quiet.get():
+        return sel
     log = _log.get()
     if log is not None:
         log.append(sel)
@@ -357,7 +380,8 @@ def _record(sel: Selection) -> Selection:
 def note(selection: Selection, message: str) -> None:
     """Attaches a remark (e.g. "global scale applied by a separate multiply") to a decision."""
     selection.notes.append(message)
-    logger.info("%s: %s", selection.op, message)
+    if not _quiet.get():
+        logger.info("%s: %s", selection.op, message)
 
 
 @contextlib.contextmanager

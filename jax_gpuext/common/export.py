@@ -9,6 +9,7 @@ working in later versions; ours carry no such guarantee from jax, so each must b
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 
 from jax import export as _export
@@ -32,24 +33,30 @@ def export_disabled_checks() -> list:
 
 
 # --------------------------------------------------------------------------- lowering for another platform
-# Backends are chosen while tracing, for the platform being traced for (backends.current_platform:
-# JAX's default backend, or the backends.platform override). jax.export traces once and lowers for
-# the platforms it is given, so exporting for ("cuda",) from a CPU host used to embed the CPU's
-# choices (the reference dot, the CPU handlers' attributes) in a CUDA module (issue 34). An op
-# marks its result with the choice it made (``mark_choice``); lowering checks it against each
-# platform lowered for: where that platform's own choice would be the same backend the result
-# lowers as traced, else the lowering refuses with what to do.
+# Backends are chosen while tracing. jax.export traces once and lowers for the platforms it is
+# given, and ``jit(f).trace(x).lower(lowering_platforms=...)`` lowers for any platform; a CPU host
+# choosing for itself put the CPU's choices (the reference dot, the CPU handlers' attributes) into
+# a CUDA module (issue 34). So an op whose choice differs between platforms traces each platform's
+# choice as a branch of ``lax.platform_dependent`` (``per_platform``): lowering keeps only the
+# branch of the platform it lowers for, and a multi-platform export keeps one per platform, picked
+# at run time. Every result is also marked with the choice it was traced with (``mark_choice``);
+# lowering checks the mark against each platform its branch serves, so a platform whose choice
+# could not be traced (it cannot run the op) refuses with the reason instead of running another
+# platform's code. docs/design.md, "Exporting for another platform".
+_serving: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar(
+    "jax_gpuext_serving_platforms", default=None)
 
 
 class _Choice:
     """A selection as a primitive parameter: hashable, and printed short in jaxprs."""
 
-    def __init__(self, sel, problem):
+    def __init__(self, sel, problem, serves=None):
         self.op, self.requested, self.chosen, self.platform = sel.op, sel.requested, sel.chosen, sel.platform
         self.problem = problem
+        self.serves = serves  # the platforms this branch of a per_platform op is lowered for; None: all
 
     def _key(self):
-        return (self.op, self.requested, self.chosen, self.platform, self.problem)
+        return (self.op, self.requested, self.chosen, self.platform, self.problem, self.serves)
 
     def __eq__(self, other):
         return isinstance(other, _Choice) and self._key() == other._key()
@@ -77,7 +84,7 @@ def _choice_for(choice: _Choice, platform: str):
     from jax_gpuext.common.errors import UnsupportedError
 
     try:
-        with backends.platform(platform), backends.recording():
+        with backends.platform(platform), backends.quiet():
             return backends.select(choice.op, choice.requested, problem=choice.problem).chosen, None
     except (UnsupportedError, ValueError) as e:
         return None, str(e)
@@ -88,31 +95,35 @@ def _check_lowering(choice: _Choice, platforms) -> None:
         platform = _lowered_platform(name)
         if platform == choice.platform or platform not in _platforms():
             continue  # traced for it; or a platform none of our backends targets (no choice to compare)
+        if choice.serves is not None and platform not in choice.serves:
+            continue  # another branch of the op serves this platform (per_platform)
         other, why = _choice_for(choice, platform)
         if other == choice.chosen:
             continue  # the same backend: what was traced is what this platform runs
         there = f"runs backend {other!r}" if other is not None else f"cannot run ({why})"
         raise ValueError(
             f"{choice.op}: backend {choice.chosen!r} was chosen while tracing for {choice.platform}, but this "
-            f"lowering is for {platform}, where {choice.op} {there}. jax.export traces once for every platform "
-            f"it lowers for and jax_gpuext chooses backends while tracing: export for one platform at a time, "
-            f"traced for it: `with jax_gpuext.common.export.lowering_for({platform!r}): "
+            f"lowering is for {platform}, where {choice.op} {there}. Where the named backend runs on one "
+            f"platform only, export for that one (`platforms=({choice.platform!r},)`); to trace for "
+            f"{platform} alone: `with jax_gpuext.common.export.lowering_for({platform!r}): "
             f"jax.export.export(jax.jit(f), platforms=({platform!r},), "
             f"disabled_checks=jax_gpuext.export_disabled_checks())(...)`")
 
 
 @contextlib.contextmanager
 def lowering_for(platform: str):
-    """Traces for ``platform`` ("cpu" or "cuda") inside the block: what to export for another
-    platform than this host's, e.g. for CUDA from a CPU machine::
+    """Traces for ``platform`` ("cpu" or "cuda") alone inside the block: no other platform's
+    branch (``per_platform``) is traced, so the module holds that platform's choices only. Not
+    needed to export for another platform (``jax.export.export(jax.jit(f), platforms=("cuda",))``
+    on a CPU host lowers CUDA's choices); useful to see the choices and errors of one platform::
 
         with jax_gpuext.common.export.lowering_for("cuda"):
             exp = jax.export.export(jax.jit(f), platforms=("cuda",),
                                     disabled_checks=jax_gpuext.export_disabled_checks())(x)
 
-    JAX's trace caches are cleared on entry and on exit: a function traced before for this host
-    would otherwise be reused with this host's choices (which the lowering then refuses), and
-    one traced inside would be reused afterwards with ``platform``'s."""
+    JAX's trace caches are cleared on entry and on exit: a function traced before with both
+    platforms' branches would otherwise be reused, and one traced inside would be reused afterwards
+    with ``platform``'s choices only."""
     import jax
 
     from jax_gpuext.common import backends
@@ -148,6 +159,119 @@ def _primitive():
 
 def mark_choice(out, selection, problem):
     """``out`` (an op's result array), marked with the backend ``selection`` chose for ``problem``
-    (hashable), so that lowering it for another platform than the one traced for runs that
-    platform's choice or refuses (above). Free at run time: it lowers to nothing."""
-    return _primitive().bind(out, choice=_Choice(selection, problem))
+    (hashable), so that lowering it for a platform whose own choice differs refuses (above).
+    Free at run time: it lowers to nothing."""
+    return _primitive().bind(out, choice=_Choice(selection, problem, _serving.get()))
+
+
+def per_platform(selection, problem, run, operands, *, specializes: bool = False):
+    """``run(selection)``: the op traced with the backend ``selection`` chose for this host and,
+    where another platform's trace would differ, that platform's ``run`` as well, joined by
+    ``lax.platform_dependent`` so that lowering for a platform keeps its own branch only.
+
+    ``run(sel)`` builds the op's (marked) result with ``sel``'s backend; ``operands`` are the op's
+    array inputs. Another platform's trace differs where it chooses another backend, or, with
+    ``specializes``, whenever it can run the op (the op's implementations read the platform they
+    trace for: XLA:CPU's subnormal workarounds, operand layouts). One trace, as before: for eager
+    calls (the operands are concrete), for a pinned platform (``backends.platform``,
+    ``lowering_for``, inside a branch), and where no trace would differ. The other platforms'
+    selections and traces are quiet (not logged, not in ``explain``: this host runs its own). A
+    platform that cannot run the op gets no branch: lowering for it refuses (``mark_choice``)."""
+    from jax_gpuext.common import backends, eager
+    from jax_gpuext.common.errors import UnsupportedError
+
+    if backends.platform_pinned() or not eager.traced(operands):
+        return run(selection)
+    others = {}
+    for name in backends.PLATFORMS:
+        if name == selection.platform:
+            continue
+        try:
+            with backends.platform(name), backends.quiet():
+                other = backends.select(selection.op, selection.requested, problem=problem)
+        except (UnsupportedError, ValueError):
+            continue  # it cannot run this op: no branch; the mark refuses lowering for it with the reason
+        if specializes or other.chosen != selection.chosen:
+            others[name] = other
+    if not others:
+        return run(selection)
+    runs = {name: functools.partial(run, sel) for name, sel in others.items()}
+    runs[selection.platform] = functools.partial(run, selection)
+    try:
+        return by_platform(runs, operands)
+    except UnsupportedError:
+        # Another platform's branch could not be traced (a nested op it cannot run): this host's
+        # choice alone, marked, so that lowering for that platform refuses with the reason.
+        return run(selection)
+
+
+def by_platform(runs: dict, operands):
+    """``runs[p]()`` traced for each platform ``p`` (pinned to it: ops inside trace for ``p``
+    alone), joined by ``lax.platform_dependent``; this host's run is the default branch (its own
+    platform, and those without backends of ours; a host platform without a run of its own takes
+    the "cpu" one). Eager or pinned: this platform's run alone. ``operands``: the array inputs
+    the runs close over (their shard_map axes type the results)."""
+    from jax import lax
+
+    from jax_gpuext.common import backends, eager
+
+    host = backends.current_platform()
+    if host not in runs:
+        return runs["cpu"]()
+    if backends.platform_pinned() or not eager.traced(operands) or set(runs) == {host}:
+        with backends.platform(host):
+            return runs[host]()
+    axes = _varying_axes(operands)
+
+    def branch(name, serves):
+        def trace():
+            token = _serving.set(serves)
+            try:
+                with backends.platform(name), (backends.quiet() if name != host else contextlib.nullcontext()):
+                    return _varying_over(runs[name](), axes)
+            finally:
+                _serving.reset(token)
+        return trace
+
+    others = [p for p in runs if p != host]
+    host_serves = tuple(p for p in backends.PLATFORMS if p not in others)
+    return lax.platform_dependent(**{p: branch(p, (p,)) for p in others}, default=branch(host, host_serves))
+
+
+def _varying_axes(operands) -> frozenset:
+    """The shard_map axes any operand varies over (its ``vma`` type; none outside shard_map)."""
+    import jax
+
+    return frozenset().union(*(_vma(a) for a in jax.tree_util.tree_leaves(operands)))
+
+
+def _vma(x) -> frozenset:
+    """The axes ``x`` varies over: ``aval.vma`` (jax 0.7-0.9), ``aval.manual_axis_type.varying`` (0.10+)."""
+    import jax
+
+    t = jax.typeof(x)
+    v = getattr(t, "vma", None)
+    if v is None:
+        v = getattr(getattr(t, "manual_axis_type", None), "varying", None)
+    return frozenset(v or ())
+
+
+def _varying_over(tree, axes: frozenset):
+    """``tree``'s leaves typed as varying over ``axes`` at least. The branches of a cond must agree
+    on their results' types inside shard_map, and an FFI call's result is typed invariant where
+    XLA's ops on the same operands are varying: both branches get the operands' axes."""
+    import jax
+    from jax import lax
+
+    if not axes:
+        return tree
+
+    def cast(leaf):
+        missing = tuple(sorted(axes - _vma(leaf)))
+        if not missing:
+            return leaf
+        if hasattr(lax, "pcast"):  # jax >= 0.8
+            return lax.pcast(leaf, missing, to="varying")
+        return lax.pvary(leaf, missing)
+
+    return jax.tree_util.tree_map(cast, tree)

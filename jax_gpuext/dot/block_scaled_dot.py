@@ -84,6 +84,11 @@ def block_scaled_dot(lhs, rhs, dimension_numbers=None, *, preferred_element_type
     out_dtype = _check_out_dtype(preferred_element_type, "block_scaled_dot")
     p = _problem(lhs, rhs, dimension_numbers, out_dtype)
     sel = backends.select(OP, backend, problem=p)
-    out = _cached((p, sel.chosen), sel, lhs, rhs)
-    # lowered for another platform than the one traced for: that platform's choice, or a clear refusal
-    return export.mark_choice(out, sel, p) if eager.traced(out) else out
+
+    def on(sel):
+        out = _cached((p, sel.chosen), sel, lhs, rhs)
+        return export.mark_choice(out, sel, p) if eager.traced(out) else out
+
+    # traced: each platform's own trace (its choice; the implementations read the platform too),
+    # lowering for a platform keeps its own (common/export.py)
+    return export.per_platform(sel, p, on, (lhs, rhs), specializes=True)

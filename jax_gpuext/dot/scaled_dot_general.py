@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jax_gpuext import formats
-from jax_gpuext.common import backends
+from jax_gpuext.common import backends, export
 from jax_gpuext.dot.block_scaled_dot import block_scaled_dot
 from jax_gpuext.dot.common import OP, _OUT_DTYPES, _parse_dimension_numbers, format_info
 
@@ -160,12 +160,16 @@ def _scaled_bwd(rec, out_dtype, backend, res, g):
     # and transposes them; docs/design.md "CPU speed"). On CUDA, a quantized along M in place:
     # the copy was a read and a write of a in bfloat16, and XLA's GEMM takes a transposed operand
     # as it is (our GPU kernels' canonical form transposes the 8-bit data, half those bytes).
-    if backends.current_platform() == "cuda":
-        qa, lhs_dims = _quantize_along_rows(a, rec.lhs_bwd), (1,)
-    else:
-        qa, lhs_dims = _quantize(jnp.swapaxes(a, 1, 2), rec.lhs_bwd), (2,)
-    db = block_scaled_dot(qa, qg_rows, ((lhs_dims, (1,)), ((0,), (0,))),
-                          preferred_element_type=_grad_dtype(b), backend=backend)
+    # (each platform's way traced where both may be lowered for: common/export.py by_platform)
+    def db_along_rows():
+        return block_scaled_dot(_quantize_along_rows(a, rec.lhs_bwd), qg_rows, (((1,), (1,)), ((0,), (0,))),
+                                preferred_element_type=_grad_dtype(b), backend=backend)
+
+    def db_transposed():
+        return block_scaled_dot(_quantize(jnp.swapaxes(a, 1, 2), rec.lhs_bwd), qg_rows, (((2,), (1,)), ((0,), (0,))),
+                                preferred_element_type=_grad_dtype(b), backend=backend)
+
+    db = export.by_platform({"cuda": db_along_rows, "cpu": db_transposed}, (a, qg_rows))
     return da.astype(a.dtype), db.astype(b.dtype)
 
 

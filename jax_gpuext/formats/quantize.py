@@ -428,13 +428,17 @@ def quantize(x, fmt, *, axis: int = -1, scale_rounding: str | None = None, globa
     x = _checked_input(x, "quantize")
     ax = _normalize_axis(axis, x.ndim, fmt, x.shape)
     scale_rounding, g, sel = _checked_rounding_and_backend(x, fmt, scale_rounding, global_scale, backend)
+    problem = (fmt, x.shape, x.dtype)
 
-    def run(x, *gs):
-        return _quantize_on(sel.chosen, x, fmt, ax, scale_rounding, gs[0] if gs else None)
+    def on(sel):
+        def run(x, *gs):
+            return _quantize_on(sel.chosen, x, fmt, ax, scale_rounding, gs[0] if gs else None)
 
-    # One derivative rule for every backend, above the backend choice (docs/formats.md, "Gradients").
-    data, scale = _refuse_derivatives(run)(x, *(() if g is None else (g,)))
-    return BlockScaledArray(_marked(data, sel, (fmt, x.shape, x.dtype)), scale, g, fmt, ax)
+        # One derivative rule for every backend, above the backend choice (docs/formats.md, "Gradients").
+        data, scale = _refuse_derivatives(run)(x, *(() if g is None else (g,)))
+        return BlockScaledArray(_marked(data, sel, problem), scale, g, fmt, ax)
+
+    return export.per_platform(sel, problem, on, (x, g))
 
 
 def _marked(out, sel, problem):
@@ -498,21 +502,25 @@ def quantize_both_axes(x, fmt, *, scale_rounding: str | None = None, global_scal
     ax_last = _normalize_axis(-1, x.ndim, fmt, x.shape)
     ax_second = _normalize_axis(-2, x.ndim, fmt, x.shape)  # FP8_128x128 raises here, as quantize does
     scale_rounding, g, sel = _checked_rounding_and_backend(x, fmt, scale_rounding, global_scale, backend)
+    problem = (fmt, x.shape, x.dtype)
 
-    def run(x, *gs):
-        g = gs[0] if gs else None
-        if fmt.per_tensor:
-            data, scale = _quantize_on(sel.chosen, x, fmt, ax_last, scale_rounding, g)
-            return data, scale, data, scale
-        if sel.chosen == "cuda":
-            return _quantize_both_ffi(x, fmt, scale_rounding, g)
-        return (*_quantize_on(sel.chosen, x, fmt, ax_last, scale_rounding, g),
-                *_quantize_on(sel.chosen, x, fmt, ax_second, scale_rounding, g))
+    def on(sel):
+        def run(x, *gs):
+            g = gs[0] if gs else None
+            if fmt.per_tensor:
+                data, scale = _quantize_on(sel.chosen, x, fmt, ax_last, scale_rounding, g)
+                return data, scale, data, scale
+            if sel.chosen == "cuda":
+                return _quantize_both_ffi(x, fmt, scale_rounding, g)
+            return (*_quantize_on(sel.chosen, x, fmt, ax_last, scale_rounding, g),
+                    *_quantize_on(sel.chosen, x, fmt, ax_second, scale_rounding, g))
 
-    d_last, s_last, d_second, s_second = _refuse_derivatives(run)(x, *(() if g is None else (g,)))
-    d_last, d_second = (_marked(d, sel, (fmt, x.shape, x.dtype)) for d in (d_last, d_second))
-    return (BlockScaledArray(d_last, s_last, g, fmt, ax_last),
-            BlockScaledArray(d_second, s_second, g, fmt, ax_second))
+        d_last, s_last, d_second, s_second = _refuse_derivatives(run)(x, *(() if g is None else (g,)))
+        d_last, d_second = (_marked(d, sel, problem) for d in (d_last, d_second))
+        return (BlockScaledArray(d_last, s_last, g, fmt, ax_last),
+                BlockScaledArray(d_second, s_second, g, fmt, ax_second))
+
+    return export.per_platform(sel, problem, on, (x, g))
 
 
 def _quantize_both_ffi(x, fmt: BlockFormat, rounding: str, g):
@@ -751,21 +759,26 @@ def dequantize(q: BlockScaledArray, dtype=jnp.float32, *, backend: str = "auto")
     sel = backends.select(DEQUANTIZE_OP, backend, problem=(fmt, q.data.shape, dtype))
     _note_fp4_layout(sel, fmt)
 
-    def run(data, scale, *gs):
-        parts = BlockScaledArray.tree_unflatten((fmt, q.axis), (data, scale, gs[0] if gs else None))
-        if sel.chosen == "reference":
-            return _dequantize_reference(parts, dtype)
-        if sel.chosen == "xla":
-            return jnp.zeros(data.shape, dtype) if data.size == 0 else formats_xla.dequantize(parts, dtype)
-        out = jax.ShapeDtypeStruct(data.shape, dtype)
-        g = _ffi_global_scale(parts.global_scale).astype(jnp.float32)
-        return _ffi.ffi_call(DEQUANTIZE_TARGET, out, data, scale, g, vmap_method="broadcast_all",
-                             format=np.int32(fmt.code), axis=np.int64(q.axis),
-                             fp4_packed=_fp4_packed(sel.chosen, fmt))
-
+    problem = (fmt, q.data.shape, dtype)
     gs = () if q.global_scale is None else (jnp.asarray(q.global_scale),)
-    out = _differentiable_dequantize(run, fmt, q.axis, dtype)(q.data, q.scale, *gs)
-    return _marked(out, sel, (fmt, q.data.shape, dtype))
+
+    def on(sel):
+        def run(data, scale, *gs):
+            parts = BlockScaledArray.tree_unflatten((fmt, q.axis), (data, scale, gs[0] if gs else None))
+            if sel.chosen == "reference":
+                return _dequantize_reference(parts, dtype)
+            if sel.chosen == "xla":
+                return jnp.zeros(data.shape, dtype) if data.size == 0 else formats_xla.dequantize(parts, dtype)
+            out = jax.ShapeDtypeStruct(data.shape, dtype)
+            g = _ffi_global_scale(parts.global_scale).astype(jnp.float32)
+            return _ffi.ffi_call(DEQUANTIZE_TARGET, out, data, scale, g, vmap_method="broadcast_all",
+                                 format=np.int32(fmt.code), axis=np.int64(q.axis),
+                                 fp4_packed=_fp4_packed(sel.chosen, fmt))
+
+        out = _differentiable_dequantize(run, fmt, q.axis, dtype)(q.data, q.scale, *gs)
+        return _marked(out, sel, problem)
+
+    return export.per_platform(sel, problem, on, (q.data, q.scale, *gs))
 
 
 def _expand_scale(scale, fmt: BlockFormat, axis: int, shape):

@@ -248,6 +248,12 @@ def ragged_dot_masked(lhs, rhs, valid_counts, rhs_contracting_dim=None, *, prefe
     valid_counts = common.check_group_sizes(valid_counts, what)
     p = problem(lhs, rhs, valid_counts, rhs_contracting_dim, out_dtype, what)
     sel = backends.select(OP, backend, problem=p)
-    out = _IMPLS[sel.chosen](lhs, rhs, jnp.asarray(valid_counts), p, sel)
-    # lowered for another platform than the one traced for: that platform's choice, or a clear refusal
-    return export.mark_choice(out, sel, p) if eager.traced(out) else out
+    counts = jnp.asarray(valid_counts)
+
+    def on(sel):
+        out = _IMPLS[sel.chosen](lhs, rhs, counts, p, sel)
+        return export.mark_choice(out, sel, p) if eager.traced(out) else out
+
+    # traced: each platform's own trace (its choice; the implementations read the platform too),
+    # lowering for a platform keeps its own (common/export.py)
+    return export.per_platform(sel, p, on, (lhs, rhs, counts), specializes=True)

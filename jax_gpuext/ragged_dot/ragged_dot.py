@@ -89,6 +89,12 @@ def ragged_dot(lhs, rhs, group_sizes, ragged_dot_dimension_numbers=None, *, pref
     backends.check_requested(OP, backend, what)
     p = common.problem(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, out_dtype, what)
     sel = backends.select(OP, backend, problem=p)
-    out = _cached((p, sel.chosen), sel, lhs, rhs, jnp.asarray(group_sizes))
-    # lowered for another platform than the one traced for: that platform's choice, or a clear refusal
-    return export.mark_choice(out, sel, p) if eager.traced(out) else out
+    sizes = jnp.asarray(group_sizes)
+
+    def on(sel):
+        out = _cached((p, sel.chosen), sel, lhs, rhs, sizes)
+        return export.mark_choice(out, sel, p) if eager.traced(out) else out
+
+    # traced: each platform's own trace (its choice; the implementations read the platform too),
+    # lowering for a platform keeps its own (common/export.py)
+    return export.per_platform(sel, p, on, (lhs, rhs, sizes), specializes=True)
