@@ -232,3 +232,46 @@ def test_quantize_and_dequantize_export_cudas_choice_from_this_host(name):
     both = jax_export.export(jax.jit(f), platforms=("cpu", "cuda"), disabled_checks=checks)(x)
     assert f"gpuext_{op}" in both.mlir_module()  # the CPU branch
     np.testing.assert_array_equal(np.asarray(both.call(x)), np.asarray(jax.jit(f)(x)))
+
+
+def test_a_gpu_hosts_trace_lowers_for_cuda_as_before(monkeypatch):
+    """The other side, simulated: a host whose default backend is the GPU traces CUDA's choices as
+    its own (logged, in explain) and the CPU's quietly; its CUDA lowering equals a trace for CUDA
+    alone (what a GPU host lowered before the branches), and its CPU branch runs here as this
+    host's jit."""
+    x, w = _operands()
+    with lowering_for("cuda"):
+        alone = jax.jit(_step).trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
+    jax.clear_caches()
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    with backends.recording() as log:
+        traced = jax.jit(_step).trace(x, w)
+    assert log and {c.platform for c in log} == {"cuda"}
+    assert _ops(traced.lower(lowering_platforms=("cuda",)).as_text()) == _ops(alone)
+    cpu_module = traced.lower(lowering_platforms=("cpu",))
+    monkeypatch.undo()
+    got = cpu_module.compile()(x, w)
+    jax.clear_caches()
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(jax.jit(_step)(x, w))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_one_two_platform_export_of_the_moe_step_serves_every_token_count():
+    """What a serving or training pipeline builds once: the FP8 MoE step exported for (cpu, cuda)
+    with a symbolic token count, run here at two counts bit for bit as jit."""
+    (m,) = jax_export.symbolic_shape("m")
+    g, k, n = 4, 256, 128
+
+    def step(a, b, s):
+        return jax.value_and_grad(lambda a, b: jnp.sum(gx.scaled_ragged_dot(a, b, s).astype(jnp.float32) ** 2),
+                                  (0, 1))(a, b)
+
+    exported = jax_export.export(jax.jit(step), platforms=("cpu", "cuda"), disabled_checks=gx.export_disabled_checks())(
+        jax.ShapeDtypeStruct((m, k), jnp.bfloat16), jax.ShapeDtypeStruct((g, k, n), jnp.bfloat16),
+        jax.ShapeDtypeStruct((g,), jnp.int32))
+    rng = np.random.default_rng(28)
+    for tokens, sizes in ((64, [16, 0, 40, 8]), (300, [100, 100, 0, 90])):
+        args = (jnp.asarray(rng.standard_normal((tokens, k)), jnp.bfloat16),
+                jnp.asarray(rng.standard_normal((g, k, n)), jnp.bfloat16), jnp.asarray(sizes, jnp.int32))
+        for a, b in zip(jax.tree.leaves(exported.call(*args)), jax.tree.leaves(jax.jit(step)(*args))):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
