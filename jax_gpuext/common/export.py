@@ -78,14 +78,15 @@ def _platforms() -> tuple[str, ...]:
     return backends.PLATFORMS
 
 
-def _choice_for(choice: _Choice, platform: str):
-    """(backend, None) that ``choice``'s op would run for ``platform``, or (None, why not)."""
+def _selection_for(op: str, requested: str, problem, platform: str):
+    """(the Selection ``op`` would make for ``platform``, None), or (None, why it cannot run there);
+    quiet: not logged, not recorded for explain (this host does not run it)."""
     from jax_gpuext.common import backends
     from jax_gpuext.common.errors import UnsupportedError
 
     try:
         with backends.platform(platform), backends.quiet():
-            return backends.select(choice.op, choice.requested, problem=choice.problem).chosen, None
+            return backends.select(op, requested, problem=problem), None
     except (UnsupportedError, ValueError) as e:
         return None, str(e)
 
@@ -97,7 +98,8 @@ def _check_lowering(choice: _Choice, platforms) -> None:
             continue  # traced for it; or a platform none of our backends targets (no choice to compare)
         if choice.serves is not None and platform not in choice.serves:
             continue  # another branch of the op serves this platform (per_platform)
-        other, why = _choice_for(choice, platform)
+        sel, why = _selection_for(choice.op, choice.requested, choice.problem, platform)
+        other = sel.chosen if sel is not None else None
         if other == choice.chosen:
             continue  # the same backend: what was traced is what this platform runs
         there = f"runs backend {other!r}" if other is not None else f"cannot run ({why})"
@@ -186,12 +188,9 @@ def per_platform(selection, problem, run, operands, *, specializes: bool = False
     for name in backends.PLATFORMS:
         if name == selection.platform:
             continue
-        try:
-            with backends.platform(name), backends.quiet():
-                other = backends.select(selection.op, selection.requested, problem=problem)
-        except (UnsupportedError, ValueError):
-            continue  # it cannot run this op: no branch; the mark refuses lowering for it with the reason
-        if specializes or other.chosen != selection.chosen:
+        other, _ = _selection_for(selection.op, selection.requested, problem, name)
+        # None: it cannot run this op, no branch; the mark refuses lowering for it with the reason
+        if other is not None and (specializes or other.chosen != selection.chosen):
             others[name] = other
     if not others:
         return run(selection)
@@ -219,8 +218,7 @@ def by_platform(runs: dict, operands):
     if host not in runs:
         return runs["cpu"]()
     if backends.platform_pinned() or not eager.traced(operands) or set(runs) == {host}:
-        with backends.platform(host):
-            return runs[host]()
+        return runs[host]()
     axes = _varying_axes(operands)
 
     def branch(name, serves):
