@@ -422,9 +422,11 @@ Status LaunchColsVec(cudaStream_t stream, const QuantizeArgs& a, const QuantizeA
   const BlockScaledGeometry& g = a.geo;
   *taken = false;
   if (g.per_tensor() || g.two_d() || g.inner <= 1 || !VecFormatOk(g)) return Status::Ok();
-  const int64_t v = VecLenOf(g);
-  if (g.inner % v != 0 || !Aligned(a.x, 16) || !Aligned(a.data, 16)) return Status::Ok();
-  if (rows != nullptr && !Aligned(rows->data, 16)) return Status::Ok();
+  // a lane loads one 16-byte piece (e elements) of a row and stores its codes in one access
+  const int64_t e = 16 / (a.in_type == FloatType::kF32 ? 4 : 2);
+  const int64_t code_align = g.fp4_packed ? e / 2 : e;
+  if (g.inner % e != 0 || !Aligned(a.x, 16) || !Aligned(a.data, code_align)) return Status::Ok();
+  if (rows != nullptr && !Aligned(rows->data, code_align)) return Status::Ok();
   const int64_t block_rows = g.outer * g.blocks_along();
   if (block_rows >= kMaxChunks32) return Status::Ok();
   vec::ColsLaunch L;
@@ -439,17 +441,21 @@ Status LaunchColsVec(cudaStream_t stream, const QuantizeArgs& a, const QuantizeA
     if constexpr (F != kFp8PerTensor && F != kFp8Blockwise128x128) {
       WithKind(a.in_type, [&](auto kc) {
         constexpr int K = decltype(kc)::value;
-        using S = vec::ColsShape<F, K, fast::kFp4(F)>;
-        const int64_t col_tiles = (g.inner + S::W - 1) / S::W;
-        if (col_tiles > 65535) {
-          fits = false;
-          return;
-        }
-        const dim3 grid{unsigned(block_rows), unsigned(col_tiles), 1u};
+        const auto launch = [&](auto both, const QuantizeArgs& second) {
+          constexpr bool kBoth = decltype(both)::value;
+          using S = vec::ColsShape<F, K, kBoth>;
+          const int64_t col_tiles = (g.inner + S::W - 1) / S::W;
+          if (col_tiles > 65535) {
+            fits = false;
+            return;
+          }
+          const dim3 grid{unsigned(block_rows), unsigned(col_tiles), 1u};
+          vec::QuantizeColsVec<F, K, fast::kFp4(F), kBoth><<<grid, S::kThreads, 0, stream>>>(a, second, L);
+        };
         if (rows != nullptr) {
-          vec::QuantizeColsVec<F, K, fast::kFp4(F), true><<<grid, S::N, 0, stream>>>(a, *rows, L);
+          launch(std::true_type{}, *rows);
         } else {
-          vec::QuantizeColsVec<F, K, fast::kFp4(F), false><<<grid, S::N, 0, stream>>>(a, a, L);
+          launch(std::false_type{}, a);
         }
       });
     }

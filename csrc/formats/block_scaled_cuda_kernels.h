@@ -12,7 +12,8 @@
 // so no instruction reads or writes part of a sector that the next one completes (round 2,
 // docs/design.md). Where a thread needs more contiguous bytes than one instruction moves, the warp
 // stages them through shared memory (LoadVecWarp) or a thread owns 16-byte pieces outright
-// (FP8_TENSOR, dequantize). Still thread-contiguous: padded rows and the column / fused kernels.
+// (FP8_TENSOR, dequantize), or a lane owns one 16-byte piece of each of its rows (column / fused
+// kernels, FP8_128x128 tiles). Still thread-contiguous: padded rows.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -22,6 +23,7 @@
 #include "csrc/formats/block_scaled.h"
 #include "csrc/formats/block_scaled_fast.h"
 #include "csrc/formats/block_scaled_io.h"
+#include "csrc/formats/cols_layout.h"
 
 namespace gpuext::formats::vec {
 
@@ -326,40 +328,33 @@ __global__ void __launch_bounds__(kThreads) QuantizeRowsVec(QuantizeArgs a, Rows
 }
 
 // ------------------------------------------------------------------------ along a non-last axis, and both
-// x as [outer, K, inner] with blocks of B down K (axis -2 and earlier); inner % V == 0. A CTA owns
-// one block-row (B rows of one outer index) x W columns; a thread R rows x V columns, T threads
-// stacked along the block. Column maxima go through shared memory, one thread per column derives the
-// scale, stores it (consecutive threads, consecutive columns) and leaves the element parameters in
-// shared memory. kBoth (quantize_both_axes, inner == N the last axis): each row's blocks along N are
-// reduced the same way and a second set of codes and scales is written from the same registers.
+// x as [outer, K, inner] with blocks of B down K (axis -2 and earlier); inner % E == 0 (E: elements of
+// a 16-byte piece). A CTA owns one block-row (B rows of one outer index) x W columns; lane l of warp w
+// one piece of each of R rows (cols_layout.h), so every load reads 512 contiguous bytes of a row and
+// every code store writes 32 lanes' codes contiguously (round 3, docs/design.md). Column maxima go
+// through shared memory; one thread per column derives the scale, stores it (consecutive threads,
+// consecutive columns) and leaves the element parameters in shared memory. kBoth (quantize_both_axes,
+// inner == N the last axis): a row block along N is B / E consecutive lanes, reduced by shuffles, and a
+// second set of codes and scales is written from the same registers.
 struct ColsLaunch {
   int64_t k, inner, blocks_along, rows_per_global, row_blocks_along;  // row_blocks_along: ceil(N / B) (kBoth)
 };
 
-template <int32_t kFmt, int kIn, bool kPacked>
-struct ColsShape {
-  static constexpr int B = BlockLen(kFmt), V = VecLen(kFmt, kPacked);
-  // per thread: 32 registers of input (64 for f32 in 128-blocks, so that W is a whole block)
-  static constexpr int kElems = kIn == kInF32 && B < 128 ? 32 : 64;
-  static constexpr int R = kElems / V < B ? kElems / V : B;
-  static constexpr int T = B / R;
-  static constexpr int N = V == 32 ? 128 : 256;  // threads per CTA: column partials are N x V words of smem
-  static constexpr int W = N / T * V;
-  static constexpr int P = V < B ? V : B;  // row-partial granularity (kBoth)
-  static_assert(W % B == 0, "a CTA's columns must be whole row blocks");
-};
+template <int32_t kFmt, int kIn, bool kBoth>
+using ColsShape = cols::Shape<BlockLen(kFmt), InBytes(kIn), kBoth>;
 
-// The codes of R rows x V columns where column c has its own block (params cp[c]): column pairs
-// outer, rows inner, so only two columns' parameters (NVFP4: threshold rows) are live at a time.
-template <int32_t kFmt, bool kPacked, int kIn, int V, int R>
+// The codes of R rows x V columns where column c has its own block (parameters cp[c * kStride]):
+// column pairs outer, rows inner, so only two columns' parameters (NVFP4: threshold rows) are live.
+template <int32_t kFmt, bool kPacked, int kIn, int V, int R, int kStride>
 __device__ __forceinline__ void ColumnCodes(const Vec<kIn, V> (&v)[R], const SmemParams* cp, const uint32_t* table,
-                                            uint32_t g, uint32_t (&out)[R][4]) {
+                                            uint32_t g, uint32_t (&out)[R][2]) {
   constexpr bool kNibbles = fast::kFp4(kFmt) && kPacked;
+  static_assert(V <= 8, "at most 8 codes (two words) per row");
 #pragma unroll
-  for (int j = 0; j < R; ++j) out[j][0] = out[j][1] = out[j][2] = out[j][3] = 0;
+  for (int j = 0; j < R; ++j) out[j][0] = out[j][1] = 0;
 #pragma unroll
   for (int c = 0; c < V; c += 2) {
-    const ElemParams p0 = FromSmem(cp[c]), p1 = FromSmem(cp[c + 1]);
+    const ElemParams p0 = FromSmem(cp[c * kStride]), p1 = FromSmem(cp[(c + 1) * kStride]);
     uint32_t u0[8], u1[8];
     if constexpr (kFmt == kNvfp4) {
       ReadRow(table, p0.code, u0);
@@ -387,63 +382,96 @@ __device__ __forceinline__ void ColumnCodes(const Vec<kIn, V> (&v)[R], const Sme
   }
 }
 
+// The codes of one piece (kBytes: 8 or 4 FP8 codes, 4 or 2 bytes of packed FP4) as one store.
+template <int kBytes>
+__device__ __forceinline__ void StorePieceCodes(void* data, int64_t byte, uint32_t w0, uint32_t w1) {
+  uint8_t* p = static_cast<uint8_t*>(data) + byte;
+  if constexpr (kBytes == 8) {
+    *reinterpret_cast<uint2*>(p) = make_uint2(w0, w1);
+  } else if constexpr (kBytes == 4) {
+    *reinterpret_cast<uint32_t*>(p) = w0;
+  } else {
+    static_assert(kBytes == 2, "8, 4 or 2 bytes of codes per piece");
+    *reinterpret_cast<uint16_t*>(p) = static_cast<uint16_t>(w0);
+  }
+}
+
+// CTAs an SM must hold (the register cap: 64 Ki / threads / this): a CTA's loads stop at its
+// barriers, so the SM needs CTAs in different phases to keep loads in flight (round 3). NVFP4's
+// thresholds need more than 64 registers.
+template <int32_t kFmt, bool kBoth>
+constexpr int kColsMinBlocks = BlockLen(kFmt) >= 128 ? (kBoth ? 1 : 2) : (kBoth || kFmt == kNvfp4 ? 3 : 4);
+
 template <int32_t kFmt, int kIn, bool kPacked, bool kBoth>
-__global__ void __launch_bounds__(ColsShape<kFmt, kIn, kPacked>::N) QuantizeColsVec(QuantizeArgs a, QuantizeArgs rq, ColsLaunch L) {
-  using S = ColsShape<kFmt, kIn, kPacked>;
-  constexpr int B = S::B, V = S::V, R = S::R, T = S::T, W = S::W, P = S::P, kN = S::N;
+__global__ void __launch_bounds__(ColsShape<kFmt, kIn, kBoth>::kThreads, (kColsMinBlocks<kFmt, kBoth>))
+    QuantizeColsVec(QuantizeArgs a, QuantizeArgs rq, ColsLaunch L) {
+  using S = ColsShape<kFmt, kIn, kBoth>;
+  constexpr int B = S::B, E = S::E, R = S::R, T = S::T, W = S::W, kP = S::kPieces, G = S::G;
   constexpr bool kNibbles = fast::kFp4(kFmt) && kPacked;
+  constexpr int kCodeBytes = kNibbles ? E / 2 : E;
   __shared__ __align__(16) uint32_t table[kFmt == kNvfp4 ? kTableWords : 1];
-  __shared__ uint32_t colpart[T][W];
-  __shared__ SmemParams colparam[W];
-  __shared__ uint32_t rowpart[kBoth ? B : 1][kBoth ? W / P : 1];
+  __shared__ uint32_t colpart[T][E][kP];  // [warp along the block][column of the piece][piece]
+  __shared__ SmemParams colparam[E][kP];
+  __shared__ uint32_t rowpart[kBoth ? B : 1][kBoth ? W / B : 1];
   __shared__ SmemParams rowparam[kBoth ? B : 1][kBoth ? W / B : 1];
   const int64_t br = blockIdx.x;  // o * blocks_along + b
   const int64_t o = br / L.blocks_along, b = br - o * L.blocks_along;
   const uint32_t g = GlobalOf(a, o / L.rows_per_global);
   BuildTable<kFmt>(table, g);
-  const int tk = threadIdx.x % T, tn = threadIdx.x / T;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int rl0 = cols::RowOf<S>(warp), piece = cols::PieceOf<S>(warp, lane), tk = rl0 / R;
   const int64_t col_base = int64_t(blockIdx.y) * W;
-  const int64_t col = col_base + tn * V;
-  const int64_t row0 = b * B + tk * R;
+  const int64_t col = col_base + int64_t(piece) * E;
+  const int64_t row0 = b * B + rl0;
   const bool col_ok = col < L.inner;
-  Vec<kIn, V> v[R];
-  uint32_t acc[Vec<kIn, V>::kWords];
+  const int64_t first = (o * L.k + row0) * L.inner + col;  // element (row0, col)
+  Vec<kIn, E> v[R];
+  if (col_ok && row0 + R <= L.k) {
+    // every row inside K: R unpredicated loads, all issued before the first is used
 #pragma unroll
-  for (int j = 0; j < Vec<kIn, V>::kWords; ++j) acc[j] = 0;
+    for (int j = 0; j < R; ++j) LoadVec(a.x, first + j * L.inner, v[j]);
+  } else {
 #pragma unroll
-  for (int j = 0; j < R; ++j) {
-    if (col_ok && row0 + j < L.k) {
-      LoadVec(a.x, (o * L.k + row0 + j) * L.inner + col, v[j]);
-    } else {
-      ZeroVec(v[j]);
+    for (int j = 0; j < R; ++j) {
+      if (col_ok && row0 + j < L.k) {
+        LoadVec(a.x, first + j * L.inner, v[j]);
+      } else {
+        ZeroVec(v[j]);
+      }
     }
-    ColumnMax(v[j], acc);
   }
+  uint32_t acc[Vec<kIn, E>::kWords];
 #pragma unroll
-  for (int c = 0; c < V; ++c) colpart[tk][tn * V + c] = ColumnAmax<kIn, V>(acc, c);
+  for (int j = 0; j < Vec<kIn, E>::kWords; ++j) acc[j] = 0;
+#pragma unroll
+  for (int j = 0; j < R; ++j) ColumnMax(v[j], acc);
+#pragma unroll
+  for (int c = 0; c < E; ++c) colpart[tk][c][piece] = ColumnAmax<kIn, E>(acc, c);
   if constexpr (kBoth) {
+    // row block (piece * E) / B of each row: G consecutive lanes (aligned), every lane takes part
 #pragma unroll
-    for (int j = 0; j < R; ++j)
+    for (int j = 0; j < R; ++j) {
+      uint32_t m = AmaxOf(v[j], 0, E);
 #pragma unroll
-      for (int q = 0; q < V / P; ++q) rowpart[tk * R + j][tn * (V / P) + q] = AmaxOf(v[j], q * P, P);
+      for (int s = 1; s < G; s <<= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, s));
+      if (lane % G == 0) rowpart[rl0 + j][piece * E / B] = m;
+    }
   }
   __syncthreads();
-  for (int c = threadIdx.x; c < W; c += kN) {
+  for (int c = threadIdx.x; c < W; c += S::kThreads) {
+    const int pc = c / E, e = c % E;
     uint32_t m = 0;
 #pragma unroll
-    for (int t = 0; t < T; ++t) m = max(m, colpart[t][c]);
+    for (int t = 0; t < T; ++t) m = max(m, colpart[t][e][pc]);
     const BlockScale s = ComputeBlockScale(kFmt, a.scale_rounding, m, g);
-    colparam[c] = ToSmem(fast::ParamsOf<kFmt>(s));
+    colparam[e][pc] = ToSmem(fast::ParamsOf<kFmt>(s));
     if (col_base + c < L.inner) StoreScale(a.scale, kFmt, br * L.inner + col_base + c, s.stored);
   }
   if constexpr (kBoth) {
     constexpr int kRowBlocks = W / B;
-    for (int q = threadIdx.x; q < B * kRowBlocks; q += kN) {
+    for (int q = threadIdx.x; q < B * kRowBlocks; q += S::kThreads) {
       const int rl = q / kRowBlocks, cb = q % kRowBlocks;
-      uint32_t m = 0;
-#pragma unroll
-      for (int i = 0; i < B / P; ++i) m = max(m, rowpart[rl][cb * (B / P) + i]);
-      const BlockScale s = ComputeBlockScale(kFmt, rq.scale_rounding, m, g);
+      const BlockScale s = ComputeBlockScale(kFmt, rq.scale_rounding, rowpart[rl][cb], g);
       rowparam[rl][cb] = ToSmem(fast::ParamsOf<kFmt>(s));
       const int64_t row = b * B + rl, cblock = col_base / B + cb;
       if (row < L.k && cblock * B < L.inner)
@@ -452,19 +480,18 @@ __global__ void __launch_bounds__(ColsShape<kFmt, kIn, kPacked>::N) QuantizeCols
   }
   __syncthreads();
   if (!col_ok) return;
-  uint32_t codes[R][4];
-  ColumnCodes<kFmt, kPacked, kIn, V, R>(v, colparam + tn * V, table, g, codes);
+  uint32_t codes[R][2];
+  ColumnCodes<kFmt, kPacked, kIn, E, R, kP>(v, &colparam[0][piece], table, g, codes);
 #pragma unroll
   for (int j = 0; j < R; ++j) {
     if (row0 + j >= L.k) break;
-    const int64_t elem = (o * L.k + row0 + j) * L.inner + col;
-    StoreCodes(a.data, elem, kNibbles, make_uint4(codes[j][0], codes[j][1], codes[j][2], codes[j][3]));
+    const int64_t elem = first + j * L.inner;
+    const int64_t byte = kNibbles ? elem / 2 : elem;
+    StorePieceCodes<kCodeBytes>(a.data, byte, codes[j][0], codes[j][1]);
     if constexpr (kBoth) {
-      constexpr int kNb = V > B ? V / B : 1;
-      ElemParams rp[kNb];
-#pragma unroll
-      for (int q = 0; q < kNb; ++q) rp[q] = FromSmem(rowparam[tk * R + j][(tn * V) / B + q]);
-      StoreCodes(rq.data, elem, kNibbles, CodesOf<kFmt, kPacked, kIn, V, V / kNb>(v[j], rp, table, g));
+      const ElemParams rp[1] = {FromSmem(rowparam[rl0 + j][piece * E / B])};
+      const uint4 c = CodesOf<kFmt, kPacked, kIn, E, E, 1>(v[j], rp, table, g);
+      StorePieceCodes<kCodeBytes>(rq.data, byte, c.x, c.y);
     }
   }
 }

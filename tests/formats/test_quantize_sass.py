@@ -236,16 +236,108 @@ def test_row_kernels(kernels):
             assert k.count(lambda op: op.startswith("F2FP") and FP8_ELEMENT_FORMATS[fmt] in op), name
 
 
+BLOCK_LEN = {2: 16, 3: 128}  # NVFP4, FP8_1x128; the MX formats 32
+CODE_STORE = {8: "STG.E.64", 4: "STG.E", 2: "STG.E.U16"}
+
+
+def _cols_shape(fmt: int, kind: int, fused: bool):
+    """cols_layout.h's Shape: (rows a lane holds, threads per CTA, elements per 16-byte piece)."""
+    block = BLOCK_LEN.get(fmt, 32)
+    rows = (16 if block >= 128 else 8) // (2 if fused else 1)
+    return rows, 32 * max(8, block // rows), 4 if kind == 0 else 8
+
+
 def test_column_and_fused_kernels(kernels):
+    """Round 3 (docs/design.md): round 1's column / fused kernels gave a thread 16 adjacent columns
+    and stacked a block's rows in adjacent lanes, so each load instruction read 16 bytes of 8-32 rows,
+    two loads 16 bytes apart per row (+0x10: half of every sector per instruction). Now a lane holds
+    one 16-byte piece of each of its R rows (no two loads of a thread 16 bytes apart), all R issued
+    before the first is used, and stores the piece's codes in one access (8 / 4 bytes of FP8, 4 / 2
+    of packed FP4) per row and per axis; registers leave each SM Little's bytes in flight. That the
+    32 lanes of an instruction hold consecutive pieces is cols_layout.h's mapping, checked on the host
+    below. Template arguments: <format, input kind, packed, fused>."""
+    seen = set()
     for name, k in _select(kernels, "QuantizeColsVec").items():
-        args = _args(name)
-        fmt, kind, fused = args[0], args[1], args[3]
+        fmt, kind, _packed, fused = _args(name)[:4]
+        seen.add((fmt, kind, fused))
+        rows, threads, e = _cols_shape(fmt, kind, bool(fused))
         wide = k.loads(".128")
-        assert wide >= 1 and k.loads() - wide <= 1, f"{name}: {k.loads() - wide} narrow loads"  # +1: the global scale
-        assert k.stores(".128") >= (2 if fused else 1), f"{name}: codes not stored 128 bits wide"
+        # two paths of R loads: block-rows inside K (unpredicated) and the ragged last one
+        assert wide == 2 * rows, f"{name}: {wide} 128-bit loads, want 2 x {rows}"
+        assert k.loads() - wide <= 1, f"{name}: {k.loads() - wide} narrow loads"  # +1: the global scale
+        pairs = [o for offs in k.offsets(lambda op: op == "LDG.E.128").values() for o in offs if o + 16 in offs]
+        assert not pairs, f"{name}: a thread loads 16 contiguous bytes twice (not one piece per row)"
+        assert k.max_loads_in_flight(lambda op: op == "LDG.E.128") >= rows, f"{name}: a load used before the next issued"
+        code_bytes = e // 2 if fmt in (2, 6) else e
+        store = CODE_STORE[code_bytes]
+        assert k.count(lambda op: op == store) >= rows * (2 if fused else 1), f"{name}: codes not stored {store}"
+        assert k.stores(".128") == 0, f"{name}: 16-byte code stores (a thread owns one piece per row)"
         _check_common(k, 128)
+        in_bytes = 4 if kind == 0 else 2
+        written = (code_bytes / e) * (2 if fused else 1)
+        _check_in_flight(k, 16 * rows, in_bytes / (in_bytes + written), threads)
         if fmt in FP8_ELEMENT_FORMATS:
             assert k.count(lambda op: op.startswith("F2FP") and FP8_ELEMENT_FORMATS[fmt] in op), name
+    assert {(f, kd, fu) for f in (0, 1, 2, 3, 6) for kd in (0, 1, 2) for fu in (0, 1)} <= seen, sorted(seen)
+
+
+def test_column_ownership_is_warp_contiguous(tmp_path):
+    """cols_layout.h's mapping, compiled for the host, for every block length, input width and kernel
+    (column, fused): the lanes of every (warp, row) own each element of the CTA's B x W tile once; the
+    32 lanes of one load instruction hold 32 consecutive 16-byte pieces of one row (512 contiguous
+    bytes); a row block of B columns is B / E aligned consecutive lanes of one warp (the fused
+    kernel's shuffles); and the shared memory the kernel declares fits the 48 KiB of static memory."""
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler (g++) on PATH")
+    src = tmp_path / "cols_layout.cc"
+    src.write_text(r'''
+#include <cstdio>
+#include <vector>
+#include "csrc/formats/cols_layout.h"
+namespace c = gpuext::formats::cols;
+template <int B, int kIn, bool kBoth> int Check() {
+  using S = c::Shape<B, kIn, kBoth>;
+  std::vector<int> owners(static_cast<size_t>(B) * S::W, 0);
+  for (int w = 0; w < S::kWarps; ++w)
+    for (int j = 0; j < S::R; ++j) {
+      const int row = c::RowOf<S>(w) + j;
+      if (row < 0 || row >= B) return 1;
+      for (int l = 0; l < 32; ++l) {
+        const int piece = c::PieceOf<S>(w, l);
+        if (piece < 0 || piece >= S::kPieces) return 2;
+        if (piece != c::PieceOf<S>(w, 0) + l) return 3;  // one instruction: 32 consecutive pieces
+        if ((piece * S::E) / B != (c::PieceOf<S>(w, l - l % S::G) * S::E) / B) return 4;  // G lanes, one block
+        if ((piece * S::E) % B == 0 && l % S::G != 0) return 5;  // blocks start on a group's first lane
+        for (int e = 0; e < S::E; ++e) ++owners[size_t(row) * S::W + piece * S::E + e];
+      }
+    }
+  for (int n : owners)
+    if (n != 1) return 6;
+  // QuantizeColsVec's static shared memory: NVFP4 table (B == 16), column partials and parameters,
+  // the fused kernel's row maxima and parameters (12-byte SmemParams)
+  const long smem = (B == 16 ? 4096 : 4) + 4L * S::T * S::W + 12L * S::W +
+                    (kBoth ? 4L * B * (S::W / B) + 12L * B * (S::W / B) : 16);
+  if (smem > 48 * 1024) return 7;
+  if (S::kThreads > 1024 || S::kThreads % 32 != 0) return 8;
+  return 0;
+}
+int main() {
+  const int r[] = {Check<16, 2, false>(), Check<16, 4, false>(), Check<32, 2, false>(), Check<32, 4, false>(),
+                   Check<128, 2, false>(), Check<128, 4, false>(), Check<16, 2, true>(), Check<16, 4, true>(),
+                   Check<32, 2, true>(), Check<32, 4, true>(), Check<128, 2, true>(), Check<128, 4, true>()};
+  for (int i = 0; i < 12; ++i)
+    if (r[i] != 0) { std::printf("case %d failed: %d\n", i, r[i]); return 1; }
+  std::printf("ok\n");
+  return 0;
+}
+''')
+    exe = tmp_path / "cols_layout"
+    build = subprocess.run([cxx, "-O1", "-std=c++17", f"-I{ROOT}", str(src), "-o", str(exe)], capture_output=True,
+                           text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-3000:]
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout + run.stderr
 
 
 def test_tile_kernels_load_and_store_128_bits(kernels):
