@@ -140,11 +140,15 @@ def test_cuda_every_bf16_value_bit_exact(fmt, rounding, top):
 @pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16", "float16"])
 def test_cuda_vector_layouts_bit_exact(fmt, dtype):
     """Shapes that take each kernel: whole blocks, rows with a partial last block (K % 16 == 0, K % 32
-    != 0: the row kernel's padded lane groups), columns with partial blocks, ragged tiles, a batch
-    dim, and shapes the vector kernels refuse (the generic kernels); random_blocks' specials."""
+    != 0: the row kernel's padded lane groups), columns with partial blocks and inner sizes that are
+    not a multiple of 16, ragged tiles, a batch dim, and shapes the vector kernels refuse (the
+    generic kernels); random_blocks' specials."""
     dev = jax.devices("cuda")[0]
     rng = np.random.default_rng(35)
-    shapes = [(64, 256), (40, 48), (3, 33, 144), (3, 40, 320), (130, 208), (16, 100), (2, 300, 272)]
+    # round 3's column kernel takes inner % 8 == 0 (16-bit) / % 4 == 0 (f32): (3, 40, 56) is 8 mod 16
+    # with a batch and a ragged K; (2, 36, 20) stores 2 bytes of packed FP4 a lane (f32)
+    shapes = [(64, 256), (40, 48), (3, 33, 144), (3, 40, 320), (130, 208), (16, 100), (2, 300, 272), (3, 40, 56),
+              (2, 36, 20)]
     for shape in shapes:
         n = int(np.prod(shape))
         x = random_blocks(int(rng.integers(1 << 30)), n // 16, (16,), dtype).reshape(shape)
