@@ -31,7 +31,7 @@
 
 #include <cstdint>
 
-#include "csrc/hopper_mx/promote.h"  // ScaleInWindow, PromoteExact, RescanElement
+#include "csrc/hopper_mx/promote.h"  // TakesFastStep, PromoteExact, RescanElement
 #include "csrc/hopper_mx/ptx.cuh"
 #include "csrc/hopper_mx/wgmma_fp8.cuh"
 
@@ -236,11 +236,12 @@ __global__ void __launch_bounds__(128 * (kConsumers + 1), 1)
         // i.e. part * sa is zero or a normal fp32. A nonzero partial of 32 FP8 products has
         // 2^-32 <= |part| < 2^37 (E5M2 x E5M2 extremes), hence for MX (power-of-two scales) the
         // step is exact for every partial and every sb when 2^-94 <= sa <= 2^91 (E8M0 codes
-        // 33..218: ScaleInWindow). Outside that, part * sa can overflow to inf or lose bits as an
+        // 33..218: ScaleInWindow), and for sa == 0 (an exact zero term: rows past M, NVFP4's zero
+        // code; TakesFastStep). Outside that, part * sa can overflow to inf or lose bits as an
         // fp32 subnormal although the full term part * sa * sb is representable (e.g. sa = 2^127,
-        // sb = 2^-127). So a warp whose 16 rows all have sa in the window (every ordinary
-        // quantized operand) takes the 2-instruction step; any other takes PromoteExact, exact for
-        // every pair of E8M0 scales. The vote and the two window tests cost ~8 instructions per
+        // sb = 2^-127). So a warp whose 16 rows all pass TakesFastStep (every ordinary quantized
+        // operand, and the padding rows of a decode batch) takes the 2-instruction step; any other
+        // takes PromoteExact, exact for every pair of E8M0 scales. The vote and the two window tests cost ~8 instructions per
         // k32 step of ~183; ldexp-style exponent arithmetic on every accumulator would cost ~10
         // per accumulator. NVFP4 (E4M3 scales, E2M1 partials) is exact too unless a global scale
         // was folded into the scales (24-bit mantissas): then part * sa rounds once more (<= 2^-24
@@ -250,7 +251,7 @@ __global__ void __launch_bounds__(128 * (kConsumers + 1), 1)
         const float sa0 = sa[j * kBlockM + row0];
         const float sa1 = sa[j * kBlockM + row0 + 8];
         const float2* sb2 = reinterpret_cast<const float2*>(sb + j * kBlockN) + quad;
-        if (__all_sync(0xFFFFFFFFu, ScaleInWindow(sa0) && ScaleInWindow(sa1))) {
+        if (__all_sync(0xFFFFFFFFu, TakesFastStep(sa0) && TakesFastStep(sa1))) {
 #pragma unroll
           for (int c8 = 0; c8 < kBlockN / 8; ++c8) {
             const float2 b = sb2[c8 * 4];  // columns 8*c8 + 2*quad, +1

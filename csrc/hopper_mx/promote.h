@@ -59,6 +59,17 @@ GPUEXT_HD bool IsFinite(float x) { return (FloatBits(x) & 0x7F800000u) != 0x7F80
 // 2^-94 <= |s| < 2^92: fp32 exponent fields 33..218, the E8M0 codes 33..218. One unsigned compare.
 GPUEXT_HD bool ScaleInWindow(float s) { return ((FloatBits(s) >> 23) & 0xFFu) - 33u <= 218u - 33u; }
 
+// The kernel's fast scale step: x = part * sa (FMUL), then fma(x, sb, acc).
+GPUEXT_HD float FastStep(float part, float sa, float sb, float acc) { return Fma(Mul(part, sa), sb, acc); }
+
+// Whether the fast step adds part * sa * sb exactly (one rounding) for every partial and every sb:
+// sa in the window, or sa == 0. A zero scale makes the term an exact zero (NaN for an inf / NaN
+// partial, as the definition's product) whatever sb is, where PromoteExact's other order would
+// first form part * sb. Zero scales are the rows past M (the padding prepare_mx adds and TMA's
+// fill: for a decode batch of M <= 16 every warp but the first holds only such rows) and NVFP4's
+// zero block code; without this, those warps took PromoteExact (~5x the instructions of the step).
+GPUEXT_HD bool TakesFastStep(float sa) { return sa == 0.0f || ScaleInWindow(sa); }
+
 // acc + part * sa * sb with the FFMA's one rounding wherever that term is representable, for every
 // pair of E8M0 scales (issue 34, finding 2; docs/design.md "The smallest and largest MX scales"):
 //   sa in the window: (part * sa) exact, then fma(x, sb, acc) (the fast step's order);
@@ -71,7 +82,7 @@ GPUEXT_HD bool ScaleInWindow(float s) { return ((FloatBits(s) >> 23) & 0xFFu) - 
 // float32's range is inf here; what that does to the element (inf - inf = NaN where the exact sum
 // is a huge finite number) the epilogue repairs with RescanElement.
 GPUEXT_HD float PromoteExact(float part, float sa, float sb, float acc) {
-  if (ScaleInWindow(sa)) return Fma(Mul(part, sa), sb, acc);
+  if (ScaleInWindow(sa)) return FastStep(part, sa, sb, acc);
   if (ScaleInWindow(sb)) return Fma(Mul(part, sb), sa, acc);
   const float s = Mul(sa, sb);
   const unsigned e = (FloatBits(s) >> 23) & 0xFFu;

@@ -6,8 +6,9 @@
 //     PromoteExact(part, 2^(a-127), 2^(b-127), 0) for every pair of E8M0 codes a, b in 0..254 and
 //     partials at the edges of what 32 FP8 products give (2^-32 .. 2^37, both signs, 0), against
 //     part * 2^(a+b-254) in double rounded once to float (exact: a 24-bit part times a power of two);
-//     NaN scales (code 255) and inf / NaN partials. Prints "checked N mismatches M" and the first
-//     mismatches.
+//     NaN scales (code 255) and inf / NaN partials; the fast step with a zero lhs scale (an exact
+//     zero term for every sb) and TakesFastStep's window. Prints "checked N mismatches M" and the
+//     first mismatches.
 //   hopper_mx_promote fp8
 //     Fp8ToFloat of all 256 bytes, E4M3 then E5M2, as 512 float bit patterns in hex (one a line).
 //   hopper_mx_promote dot IN OUT RESCAN
@@ -16,8 +17,10 @@
 //     b_e5m2, then A [batch, m, k] and B [batch, n, k] bytes, then the float32 scales
 //     [batch, k/32, m_pad] and [batch, k/32, n_pad]. Per element: the k32 partials (float32 sums of
 //     32 products; the tensor cores' order differs within the tests' 1e-3 of sum |terms|),
-//     acc = PromoteExact(part, sa, sb, acc) (equal to the fast step wherever the warp takes it:
-//     its first branch is that step), then, with RESCAN = 1, RescanElement where acc is not finite,
+//     acc = the fast step where TakesFastStep(sa), PromoteExact elsewhere (a warp takes the fast
+//     step only where all its rows pass; PromoteExact's first branch is that step, and for sa == 0
+//     both give the exact zero term unless part * sb overflows, which MX rows with a zero scale, the
+//     padding, never store), then, with RESCAN = 1, RescanElement where acc is not finite,
 //     as the epilogue does. RESCAN = 0 is the kernel of 3ff9b82 (no rescan). OUT: float32 [batch, m, n].
 #include <cinttypes>
 #include <cmath>
@@ -86,6 +89,28 @@ int Pairs() {
       }
     }
   }
+  // A zero lhs scale (rows past M, NVFP4's zero code) takes the fast step (TakesFastStep): the term
+  // is an exact zero, NaN for an inf / NaN partial (the definition's 0 x inf), for every sb.
+  std::vector<float> all_parts = parts;
+  all_parts.insert(all_parts.end(), {inf, -inf, nan});
+  for (float part : all_parts) {
+    for (int b = 0; b <= 255; ++b) {
+      const float sb = b == 255 ? nan : P2(b - 127);
+      for (float acc : {0.0f, 1.5f, -0x1.8p-7f}) {
+        const float got = FastStep(part, 0.0f, sb, acc);
+        const bool nan_term = std::isnan(part) || std::isinf(part) || std::isnan(sb);
+        ++checked;
+        if (!SameFloat(got, nan_term ? nan : acc)) report(part, -1, b, got, nan_term ? nan : acc);
+      }
+    }
+  }
+  for (int a = 0; a <= 255; ++a) {  // the window: E8M0 codes 33..218, and zero; never NaN
+    const float sa = a == 255 ? nan : P2(a - 127);
+    ++checked;
+    if (TakesFastStep(sa) != (a >= 33 && a <= 218)) report(0.0f, a, -1, TakesFastStep(sa), a >= 33 && a <= 218);
+  }
+  ++checked;
+  if (!TakesFastStep(0.0f) || !TakesFastStep(-0.0f)) report(0.0f, -1, -1, 0.0f, 1.0f);
   for (float part : {inf, -inf, nan}) {  // an inf / NaN partial: itself (inf x positive = inf) in the rescan
     for (int a = 0; a <= 254; a += 2) {
       for (int b = 0; b <= 254; b += 2) {
@@ -140,7 +165,9 @@ int Dot(const char* in_path, const char* out_path, bool rescan) {
           for (int t = 0; t < 32; ++t) {
             part = Fma(Fp8ToFloat(ar[32 * j + t], a_e5m2), Fp8ToFloat(br[32 * j + t], b_e5m2), part);
           }
-          acc = PromoteExact(part, sar[j * m_pad], sbc[j * n_pad], acc);
+          // each element as if its warp voted alone: both steps are exact where they are taken
+          const float sa_j = sar[j * m_pad], sb_j = sbc[j * n_pad];
+          acc = TakesFastStep(sa_j) ? FastStep(part, sa_j, sb_j, acc) : PromoteExact(part, sa_j, sb_j, acc);
         }
         if (rescan && !IsFinite(acc)) {
           acc = RescanElement(ar, br, sar, m_pad, sbc, n_pad, static_cast<int>(kb), a_e5m2, b_e5m2);
