@@ -236,6 +236,21 @@ def test_row_kernels(kernels):
             assert k.count(lambda op: op.startswith("F2FP") and FP8_ELEMENT_FORMATS[fmt] in op), name
 
 
+def _run_host_check(tmp_path, name: str, source: str):
+    """Builds `source` (C++17 against the repository's headers) with the host compiler and runs it;
+    the program prints "ok" when every check passed."""
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler (g++) on PATH")
+    src, exe = tmp_path / f"{name}.cc", tmp_path / name
+    src.write_text(source)
+    build = subprocess.run([cxx, "-O1", "-std=c++17", f"-I{ROOT}", str(src), "-o", str(exe)], capture_output=True,
+                           text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-3000:]
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout + run.stderr
+
+
 BLOCK_LEN = {2: 16, 3: 128}  # NVFP4, FP8_1x128; the MX formats 32
 CODE_STORE = {8: "STG.E.64", 4: "STG.E", 2: "STG.E.U16"}
 
@@ -287,11 +302,7 @@ def test_column_ownership_is_warp_contiguous(tmp_path):
     32 lanes of one load instruction hold 32 consecutive 16-byte pieces of one row (512 contiguous
     bytes); a row block of B columns is B / E aligned consecutive lanes of one warp (the fused
     kernel's shuffles); and the shared memory the kernel declares fits the 48 KiB of static memory."""
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler (g++) on PATH")
-    src = tmp_path / "cols_layout.cc"
-    src.write_text(r'''
+    _run_host_check(tmp_path, "cols_layout", r'''
 #include <cstdio>
 #include <vector>
 #include "csrc/formats/cols_layout.h"
@@ -332,12 +343,6 @@ int main() {
   return 0;
 }
 ''')
-    exe = tmp_path / "cols_layout"
-    build = subprocess.run([cxx, "-O1", "-std=c++17", f"-I{ROOT}", str(src), "-o", str(exe)], capture_output=True,
-                           text=True, timeout=300)
-    assert build.returncode == 0, build.stderr[-3000:]
-    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
-    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout + run.stderr
 
 
 def test_tile_kernels_load_and_store_128_bits(kernels):
@@ -412,11 +417,7 @@ def test_stage_slots_are_a_conflict_free_bijection(tmp_path):
     pieces per thread it maps the warp's 32 W pieces one to one onto 32 W slots, and both the writes
     (lane l, piece 32 j + l) and the reads (lane l, piece l W + i) of every quarter-warp touch 8
     distinct 16-byte bank groups (one shared-memory wavefront each)."""
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler (g++) on PATH")
-    src = tmp_path / "stage_slots.cc"
-    src.write_text(r'''
+    _run_host_check(tmp_path, "stage_slots", r'''
 #include <cstdio>
 #include <set>
 #include "csrc/formats/block_scaled_fast.h"
@@ -447,9 +448,3 @@ int main() {
   return 0;
 }
 ''')
-    exe = tmp_path / "stage_slots"
-    build = subprocess.run([cxx, "-O1", "-std=c++17", f"-I{ROOT}", str(src), "-o", str(exe)], capture_output=True,
-                           text=True, timeout=300)
-    assert build.returncode == 0, build.stderr[-3000:]
-    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
-    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout + run.stderr
