@@ -14,6 +14,7 @@ import pytest
 
 import jax_gpuext as gx
 from jax_gpuext import formats
+from jax_gpuext.dot import recipe
 from test_formats import BACKENDS, DTYPES, as_bits, assert_bits_equal, random_blocks
 
 ONE_D = [f for f in formats.FORMATS.values() if len(f.block) != 2]  # FP8_128x128 has no axis -2
@@ -109,3 +110,33 @@ def test_errors_are_quantizes():
         gx.quantize_both_axes(x, gx.MXFP8_E4M3, axis=-1)  # both axes are the point: no axis argument
     with pytest.raises(TypeError, match="not differentiable"):
         jax.grad(lambda v: gx.quantize_both_axes(v, gx.MXFP8_E4M3)[1].data.astype(jnp.float32).sum())(x)
+
+
+@pytest.mark.parametrize("fmt", [gx.MXFP8_E4M3, gx.FP8_1x128, gx.NVFP4], ids=lambda f: f.name)
+def test_training_paths_quantize_both_axes(fmt, monkeypatch):
+    """Issue 35: the training paths take both quantizations of an operand from quantize_both_axes (one
+    read of x where the backend fuses them): scaled_dot_general's backward for the cotangent (its
+    dgrad contracts N, its wgrad M), scaled_ragged_dot's forward for the weights (forward along K,
+    dgrad along N, where both are one format). Counted while tracing, so it holds for every backend
+    the op may choose."""
+    calls = []
+    real = formats.quantize_both_axes
+
+    def counting(x, f, **kw):
+        calls.append((x.shape, f))
+        return real(x, f, **kw)
+
+    monkeypatch.setattr(formats, "quantize_both_axes", counting)
+    x = jnp.ones((64, 256), jnp.bfloat16)
+    w = jnp.ones((256, 128), jnp.bfloat16)
+    dense = lambda a, b: gx.scaled_dot_general(a, b, (((1,), (0,)), ((), ())), format=fmt).astype(jnp.float32).sum()
+    jax.make_jaxpr(jax.grad(dense, argnums=(0, 1)))(x, w)
+    assert ((1, 64, 128), recipe(fmt).grad) in calls, calls  # the cotangent, canonical (B, M, N)
+    calls.clear()
+    ws = jnp.ones((4, 256, 128), jnp.bfloat16)
+    sizes = jnp.array([16, 0, 40, 8], jnp.int32)
+    grouped = lambda a, b: gx.scaled_ragged_dot(a, b, sizes, format=fmt).astype(jnp.float32).sum()
+    jax.make_jaxpr(jax.grad(grouped, argnums=(0, 1)))(x, ws)
+    # the weights once, where their two quantizations share a format (NVFP4's dgrad reads MXFP8_E4M3)
+    rec = recipe(fmt)
+    assert [s for s, _ in calls] == ([(4, 256, 128)] if rec.rhs_bwd == rec.rhs else []), calls
