@@ -13,8 +13,9 @@
 - no flush-to-zero multiply or FMA (the fast paths are exact only with subnormals kept);
 - the FP8 element formats use the hardware conversion (F2FP ... E4M3 / E5M2) on sm_90a.
 
-Needs nvcc and cuobjdump (pip: nvidia-cuda-cuobjdump; found on PATH or in site-packages); skipped
-without them. Compiling the TU takes minutes on a small machine: it is done once per module."""
+Needs nvcc, cuobjdump and nvdisasm (pip, in the test extra: nvidia-cuda-cuobjdump,
+nvidia-cuda-nvdisasm; found on PATH or in site-packages); skipped without them. Compiling the TU
+takes ~30 s on a small machine: it is done once per module."""
 
 from __future__ import annotations
 
@@ -125,9 +126,11 @@ class Kernel:
 
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory):
-    nvcc, cuobjdump = _find("nvcc"), _find("cuobjdump")
-    if nvcc is None or cuobjdump is None:
-        pytest.skip(f"needs nvcc and cuobjdump (pip install nvidia-cuda-cuobjdump): nvcc={nvcc}, cuobjdump={cuobjdump}")
+    nvcc, cuobjdump, nvdisasm = _find("nvcc"), _find("cuobjdump"), _find("nvdisasm")
+    if nvcc is None or cuobjdump is None or nvdisasm is None:
+        pytest.skip("needs nvcc, cuobjdump and nvdisasm (the test extra installs the last two from pip: "
+                    f"nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm): nvcc={nvcc}, cuobjdump={cuobjdump}, "
+                    f"nvdisasm={nvdisasm}")
     import jax
 
     out = tmp_path_factory.mktemp("sass") / "formats.cubin"
@@ -136,7 +139,10 @@ def kernels(tmp_path_factory):
            "-diag-suppress", "940", "--expt-relaxed-constexpr", "-Xptxas", "-v", str(TU), "-o", str(out)]
     build = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     assert build.returncode == 0, build.stderr[-6000:]
-    dump = subprocess.run([cuobjdump, "-sass", str(out)], capture_output=True, text=True, timeout=600)
+    # cuobjdump -sass runs nvdisasm, which it looks for on PATH (the pip wheels install each in its
+    # own package's bin/)
+    env = dict(os.environ, PATH=os.pathsep.join([os.path.dirname(nvdisasm), os.environ.get("PATH", "")]))
+    dump = subprocess.run([cuobjdump, "-sass", str(out)], capture_output=True, text=True, timeout=600, env=env)
     assert dump.returncode == 0, dump.stderr[-2000:]
     found = {}
     for part in re.split(r"\n\s*Function : ", dump.stdout)[1:]:
