@@ -382,7 +382,8 @@ __device__ __forceinline__ void ColumnCodes(const Vec<kIn, V> (&v)[R], const Sme
   }
 }
 
-// The codes of one piece (kBytes: 8 or 4 FP8 codes, 4 or 2 bytes of packed FP4) as one store.
+// The codes of one piece (kBytes: 8 or 4 FP8 codes, 4 or 2 bytes of packed FP4) as one store
+// (the column, fused, FP8_128x128 tile and FP8_TENSOR kernels).
 template <int kBytes>
 __device__ __forceinline__ void StorePieceCodes(void* data, int64_t byte, uint32_t w0, uint32_t w1) {
   uint8_t* p = static_cast<uint8_t*>(data) + byte;
@@ -555,12 +556,7 @@ __global__ void __launch_bounds__(TileShape<kIn>::kThreadsPerTile) QuantizeTiles
   for (int j = 0; j < R; ++j) {
     if (row0 + j >= geo.k) break;
     const uint4 c = CodesOf<kFp8Blockwise128x128, false, kIn, V, V>(v[j], p, nullptr, kF32One);
-    uint8_t* out = static_cast<uint8_t*>(a.data) + (o * geo.k + row0 + j) * geo.cols + col;
-    if constexpr (V == 8) {
-      *reinterpret_cast<uint2*>(out) = make_uint2(c.x, c.y);
-    } else {
-      *reinterpret_cast<uint32_t*>(out) = c.x;
-    }
+    StorePieceCodes<V>(a.data, (o * geo.k + row0 + j) * geo.cols + col, c.x, c.y);
   }
 }
 
@@ -637,11 +633,7 @@ __global__ void __launch_bounds__(kThreads) QuantizeTensorVec(QuantizeArgs a) {
         Vec<kIn, E> v;
         v.w[0] = q[j].x, v.w[1] = q[j].y, v.w[2] = q[j].z, v.w[3] = q[j].w;
         const uint4 c = CodesOf<kFp8PerTensor, false, kIn, E, E>(v, p, nullptr, kF32One);
-        if constexpr (E == 8) {
-          *reinterpret_cast<uint2*>(data + piece * E) = make_uint2(c.x, c.y);
-        } else {
-          *reinterpret_cast<uint32_t*>(data + piece * E) = c.x;
-        }
+        StorePieceCodes<E>(data, piece * E, c.x, c.y);
       }
     }
   }

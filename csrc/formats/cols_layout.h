@@ -21,10 +21,10 @@ struct Shape {
   static constexpr int E = 16 / kInBytes;  // elements of one 16-byte piece
   // rows a lane holds: 16 B x R of loads in flight, 4 R (f32, 16-bit) registers of input
   static constexpr int R = (B >= 128 ? 16 : 8) / (kBoth ? 2 : 1);
-  static constexpr int T = B / R;                         // warps along a block
-  static constexpr int kWarps = T > 8 ? T : 8;            // 256 threads, 512 for the fused 128-row blocks
+  static constexpr int T = B / R;                  // warps along a block
+  static constexpr int kWarps = T > 8 ? T : 8;     // 256 threads, 512 for the fused 128-row blocks
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kColumnWarps = kWarps / T;         // warps across the tile
+  static constexpr int kColumnWarps = kWarps / T;  // warps across the tile
   static constexpr int kPieces = 32 * kColumnWarps;  // pieces across the tile
   static constexpr int W = kPieces * E;              // columns of the tile
   static constexpr int G = B / E;                    // lanes of one row block (fused kernel)

@@ -31,7 +31,7 @@
 
 #include <cstdint>
 
-#include "csrc/hopper_mx/promote.h"  // TakesFastStep, PromoteExact, RescanElement
+#include "csrc/hopper_mx/promote.h"  // TakesFastStep, FastStep, PromoteExact, RescanElement
 #include "csrc/hopper_mx/ptx.cuh"
 #include "csrc/hopper_mx/wgmma_fp8.cuh"
 
@@ -240,8 +240,9 @@ __global__ void __launch_bounds__(128 * (kConsumers + 1), 1)
         // code; TakesFastStep). Outside that, part * sa can overflow to inf or lose bits as an
         // fp32 subnormal although the full term part * sa * sb is representable (e.g. sa = 2^127,
         // sb = 2^-127). So a warp whose 16 rows all pass TakesFastStep (every ordinary quantized
-        // operand, and the padding rows of a decode batch) takes the 2-instruction step; any other
-        // takes PromoteExact, exact for every pair of E8M0 scales. The vote and the two window tests cost ~8 instructions per
+        // operand, and the padding rows of a decode batch) takes the 2-instruction step
+        // (FastStep, promote.h: the code the host tests run); any other takes PromoteExact, exact
+        // for every pair of E8M0 scales. The vote and the two window tests cost ~8 instructions per
         // k32 step of ~183; ldexp-style exponent arithmetic on every accumulator would cost ~10
         // per accumulator. NVFP4 (E4M3 scales, E2M1 partials) is exact too unless a global scale
         // was folded into the scales (24-bit mantissas): then part * sa rounds once more (<= 2^-24
@@ -255,10 +256,10 @@ __global__ void __launch_bounds__(128 * (kConsumers + 1), 1)
 #pragma unroll
           for (int c8 = 0; c8 < kBlockN / 8; ++c8) {
             const float2 b = sb2[c8 * 4];  // columns 8*c8 + 2*quad, +1
-            acc[4 * c8 + 0] = fmaf(part[4 * c8 + 0] * sa0, b.x, acc[4 * c8 + 0]);
-            acc[4 * c8 + 1] = fmaf(part[4 * c8 + 1] * sa0, b.y, acc[4 * c8 + 1]);
-            acc[4 * c8 + 2] = fmaf(part[4 * c8 + 2] * sa1, b.x, acc[4 * c8 + 2]);
-            acc[4 * c8 + 3] = fmaf(part[4 * c8 + 3] * sa1, b.y, acc[4 * c8 + 3]);
+            acc[4 * c8 + 0] = FastStep(part[4 * c8 + 0], sa0, b.x, acc[4 * c8 + 0]);
+            acc[4 * c8 + 1] = FastStep(part[4 * c8 + 1], sa0, b.y, acc[4 * c8 + 1]);
+            acc[4 * c8 + 2] = FastStep(part[4 * c8 + 2], sa1, b.x, acc[4 * c8 + 2]);
+            acc[4 * c8 + 3] = FastStep(part[4 * c8 + 3], sa1, b.y, acc[4 * c8 + 3]);
           }
         } else {
 #pragma unroll
