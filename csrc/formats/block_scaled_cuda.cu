@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "csrc/common/cuda_check.h"
@@ -416,6 +417,39 @@ Status LaunchRowsVec(cudaStream_t stream, const QuantizeArgs& a, bool* taken) {
   return Status::Ok();
 }
 
+// Whether the code the driver loaded for `kernel` on the current device was compiled for sm_90 or
+// later (cluster launches, distributed shared memory): the sm_90a / sm_100a cubins, not the sm_80
+// cubin or the compute_80 PTX a newer device without its own cubin JIT-compiles. Asked per launch
+// (a lookup in the loaded module, no device work), so it holds per device.
+bool ClusterCodeLoaded(const void* kernel) {
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
+    (void)cudaGetLastError();  // leaves no sticky error for the launch checks that follow
+    return false;
+  }
+  return attr.ptxVersion >= 90 && attr.binaryVersion >= 90;
+}
+
+// `kernel` on a grid of clusters of `ctas` CTAs along x (grid.x a multiple of it). A launch
+// attribute, not __cluster_dims__, so the kernel still compiles for sm_80 (where it is never run).
+template <class... Params, class... Args>
+cudaError_t LaunchCluster(void (*kernel)(Params...), dim3 grid, int threads, int ctas, cudaStream_t stream,
+                          Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(unsigned(threads), 1u, 1u);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchAttribute cluster[1];
+  cluster[0].id = cudaLaunchAttributeClusterDimension;
+  cluster[0].val.clusterDim.x = unsigned(ctas);
+  cluster[0].val.clusterDim.y = 1;
+  cluster[0].val.clusterDim.z = 1;
+  config.attrs = cluster;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
 // Along a non-last axis (inner > 1, blocks down K); with `rows` (quantize_both_axes: the same x along
 // its last axis, inner == N) the fused kernel writes both from one read of x.
 Status LaunchColsVec(cudaStream_t stream, const QuantizeArgs& a, const QuantizeArgs* rows, bool* taken) {
@@ -428,7 +462,7 @@ Status LaunchColsVec(cudaStream_t stream, const QuantizeArgs& a, const QuantizeA
   if (g.inner % e != 0 || !Aligned(a.x, 16) || !Aligned(a.data, code_align)) return Status::Ok();
   if (rows != nullptr && !Aligned(rows->data, code_align)) return Status::Ok();
   const int64_t block_rows = g.outer * g.blocks_along();
-  if (block_rows >= kMaxChunks32) return Status::Ok();
+  if (block_rows >= kMaxChunks32 / 2) return Status::Ok();  // grid.x: block_rows x CTAs per block-row
   vec::ColsLaunch L;
   L.k = g.k;
   L.inner = g.inner;
@@ -436,6 +470,7 @@ Status LaunchColsVec(cudaStream_t stream, const QuantizeArgs& a, const QuantizeA
   L.rows_per_global = g.outer / g.global_count;
   L.row_blocks_along = (g.inner + vec::BlockLen(g.format) - 1) / vec::BlockLen(g.format);
   bool fits = true;
+  cudaError_t launch_error = cudaSuccess;
   WithFormat(g.format, [&](auto fc) {
     constexpr int32_t F = decltype(fc)::value;
     if constexpr (F != kFp8PerTensor && F != kFp8Blockwise128x128) {
@@ -449,8 +484,17 @@ Status LaunchColsVec(cudaStream_t stream, const QuantizeArgs& a, const QuantizeA
             fits = false;
             return;
           }
-          const dim3 grid{unsigned(block_rows), unsigned(col_tiles), 1u};
-          vec::QuantizeColsVec<F, K, fast::kFp4(F), kBoth><<<grid, S::kThreads, 0, stream>>>(a, second, L);
+          const auto kernel = vec::QuantizeColsVec<F, K, fast::kFp4(F), kBoth>;
+          const dim3 grid{unsigned(block_rows * S::kCtas), unsigned(col_tiles), 1u};
+          if constexpr (S::kCtas == 1) {
+            kernel<<<grid, S::kThreads, 0, stream>>>(a, second, L);
+          } else {
+            if (!ClusterCodeLoaded(reinterpret_cast<const void*>(kernel))) {
+              fits = false;  // the two axes apart (QuantizeBothAxesCuda)
+              return;
+            }
+            launch_error = LaunchCluster(kernel, grid, S::kThreads, S::kCtas, stream, a, second, L);
+          }
         };
         if (rows != nullptr) {
           launch(std::true_type{}, *rows);
@@ -462,6 +506,7 @@ Status LaunchColsVec(cudaStream_t stream, const QuantizeArgs& a, const QuantizeA
   });
   if (!fits) return Status::Ok();
   *taken = true;
+  GPUEXT_CUDA_RETURN_IF_ERROR(launch_error);
   GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("QuantizeColsVec");
   return Status::Ok();
 }
@@ -655,12 +700,14 @@ Status DequantizeCuda(cudaStream_t stream, const DequantizeArgs& a) {
   return Status::Ok();
 }
 
-Status QuantizeBothAxesCuda(cudaStream_t stream, const QuantizeArgs& last, const QuantizeArgs& second) {
+Status QuantizeBothAxesCuda(cudaStream_t stream, const QuantizeArgs& last, const QuantizeArgs& second, bool* fused) {
   // The fused kernel: x [outer, K, N] along K (`second`, inner == N) and along N (`last`) at once.
   const BlockScaledGeometry& g = second.geo;
+  if (fused != nullptr) *fused = false;
   if (g.elements() > 0 && !g.per_tensor() && !g.two_d() && last.geo.inner == 1 && last.geo.k == g.inner) {
     bool taken = false;
     GPUEXT_RETURN_IF_ERROR(LaunchColsVec(stream, second, &last, &taken));
+    if (fused != nullptr) *fused = taken;
     if (taken) return Status::Ok();
   }
   GPUEXT_RETURN_IF_ERROR(QuantizeCuda(stream, last));
@@ -789,7 +836,8 @@ Status TimeKernelsCuda(const QuantizeArgs& args, const QuantizeArgs* last, float
   GPUEXT_RETURN_IF_ERROR(TimeOp(stream, ev, reps, rounds, [&] { return DequantizeCuda(stream, d); }, &out->dequantize_s));
   if (last != nullptr)
     GPUEXT_RETURN_IF_ERROR(
-        TimeOp(stream, ev, reps, rounds, [&] { return QuantizeBothAxesCuda(stream, l, s2); }, &out->both_s));
+        TimeOp(stream, ev, reps, rounds, [&] { return QuantizeBothAxesCuda(stream, l, s2, &out->both_fused); },
+               &out->both_s));
   GPUEXT_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   GPUEXT_RETURN_IF_ERROR(CopyBack(data, db, &out->data));
   GPUEXT_RETURN_IF_ERROR(CopyBack(scale, sb, &out->scale));

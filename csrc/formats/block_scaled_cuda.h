@@ -13,8 +13,10 @@ namespace gpuext::formats {
 Status QuantizeCuda(cudaStream_t stream, const QuantizeArgs& args);
 Status DequantizeCuda(cudaStream_t stream, const DequantizeArgs& args);
 // quantize_both_axes: x quantized along its last axis (`last`) and its second-to-last (`second`), both
-// decoded from the same x; one read of x where the fused kernel takes the layout, else two passes.
-Status QuantizeBothAxesCuda(cudaStream_t stream, const QuantizeArgs& last, const QuantizeArgs& second);
+// decoded from the same x; one read of x where the fused kernel takes the layout, else two passes
+// (`fused`, where given, says which ran).
+Status QuantizeBothAxesCuda(cudaStream_t stream, const QuantizeArgs& last, const QuantizeArgs& second,
+                            bool* fused = nullptr);
 
 // Kernel-only timing (issue 35, round 2; docs/design.md): the device time of the launchers above on
 // buffers of their own, CUDA events around `reps` back-to-back calls (best of `rounds`), beside a
@@ -25,6 +27,7 @@ Status QuantizeBothAxesCuda(cudaStream_t stream, const QuantizeArgs& last, const
 // The outputs of the last calls come back for a bit-exactness check.
 struct KernelTimes {
   double quantize_s = 0, dequantize_s = 0, both_s = 0, copy_s = 0;  // per call
+  bool both_fused = false;  // quantize_both_axes ran the fused kernel (else the two axes apart)
   std::vector<uint8_t> data, scale, y;                              // quantize, dequantize (to x's type)
   std::vector<uint8_t> both_data_last, both_scale_last, both_data_second, both_scale_second;
 };

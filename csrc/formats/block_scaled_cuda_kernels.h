@@ -399,23 +399,65 @@ __device__ __forceinline__ void StorePieceCodes(void* data, int64_t byte, uint32
 
 // CTAs an SM must hold (the register cap: 64 Ki / threads / this): a CTA's loads stop at its
 // barriers, so the SM needs CTAs in different phases to keep loads in flight (round 3). NVFP4's
-// thresholds need more than 64 registers.
+// thresholds need more than 64 registers, FP8_1x128's 16 rows (8 fused) a lane more than 80.
 template <int32_t kFmt, bool kBoth>
-constexpr int kColsMinBlocks = BlockLen(kFmt) >= 128 ? (kBoth ? 1 : 2) : (kBoth || kFmt == kNvfp4 ? 3 : 4);
+constexpr int kColsMinBlocks = BlockLen(kFmt) >= 128 ? 2 : (kBoth || kFmt == kNvfp4 ? 3 : 4);
+
+// The two CTAs of a cluster (sm_90) that share a 128-row block-row (cols::Shape::kCtas == 2). A
+// cluster barrier's arrive releases and its wait acquires this CTA's and the peer's shared memory
+// writes; a CTA must not exit while its peer may still read its shared memory, hence the final wait.
+// Compiled only for sm_90 and later: the launcher runs those kernels only where the loaded code says
+// so (ClusterCodeLoaded in block_scaled_cuda.cu) and quantizes the two axes apart elsewhere.
+struct Cluster {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  static __device__ __forceinline__ uint32_t Rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+  }
+  // All threads of both CTAs reach every arrive and wait (.aligned: none inside divergent code).
+  static __device__ __forceinline__ void Arrive() {
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+  }
+  // Orders nothing (no MEMBAR before it: the scale stores in flight need not drain); enough to say "done
+  // reading the peer's shared memory", since every value read was used before it.
+  static __device__ __forceinline__ void ArriveRelaxed() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+  }
+  static __device__ __forceinline__ void Wait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
+  // The word at `p` (this CTA's shared memory) in CTA `rank`'s shared memory.
+  static __device__ __forceinline__ uint32_t LoadPeer(const uint32_t* p, uint32_t rank) {
+    const uint32_t local = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+    uint32_t remote, v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+    asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(remote) : "memory");
+    return v;
+  }
+#else
+  static __device__ __forceinline__ uint32_t Rank() { __trap(); return 0; }
+  static __device__ __forceinline__ void Arrive() { __trap(); }
+  static __device__ __forceinline__ void ArriveRelaxed() { __trap(); }
+  static __device__ __forceinline__ void Wait() { __trap(); }
+  static __device__ __forceinline__ uint32_t LoadPeer(const uint32_t*, uint32_t) { __trap(); return 0; }
+#endif
+};
 
 template <int32_t kFmt, int kIn, bool kPacked, bool kBoth>
 __global__ void __launch_bounds__(ColsShape<kFmt, kIn, kBoth>::kThreads, (kColsMinBlocks<kFmt, kBoth>))
     QuantizeColsVec(QuantizeArgs a, QuantizeArgs rq, ColsLaunch L) {
   using S = ColsShape<kFmt, kIn, kBoth>;
-  constexpr int B = S::B, E = S::E, R = S::R, T = S::T, W = S::W, kP = S::kPieces, G = S::G;
+  constexpr int B = S::B, E = S::E, R = S::R, T = S::kCtaT, W = S::W, kP = S::kPieces, G = S::G;
+  constexpr int kCtas = S::kCtas, kRows = S::kCtaRows;
   constexpr bool kNibbles = fast::kFp4(kFmt) && kPacked;
   constexpr int kCodeBytes = kNibbles ? E / 2 : E;
   __shared__ __align__(16) uint32_t table[kFmt == kNvfp4 ? kTableWords : 1];
   __shared__ uint32_t colpart[T][E][kP];  // [warp along the block][column of the piece][piece]
+  __shared__ uint32_t colcta[kCtas > 1 ? W : 1];  // this CTA's column maxima, which its peer reads
   __shared__ SmemParams colparam[E][kP];
-  __shared__ uint32_t rowpart[kBoth ? B : 1][kBoth ? W / B : 1];
-  __shared__ SmemParams rowparam[kBoth ? B : 1][kBoth ? W / B : 1];
-  const int64_t br = blockIdx.x;  // o * blocks_along + b
+  __shared__ uint32_t rowpart[kBoth ? kRows : 1][kBoth ? W / B : 1];
+  __shared__ SmemParams rowparam[kBoth ? kRows : 1][kBoth ? W / B : 1];
+  const int64_t br = blockIdx.x / kCtas;  // o * blocks_along + b
+  const int rank = kCtas > 1 ? int(Cluster::Rank()) : 0;  // == blockIdx.x % kCtas
   const int64_t o = br / L.blocks_along, b = br - o * L.blocks_along;
   const uint32_t g = GlobalOf(a, o / L.rows_per_global);
   BuildTable<kFmt>(table, g);
@@ -423,7 +465,7 @@ __global__ void __launch_bounds__(ColsShape<kFmt, kIn, kBoth>::kThreads, (kColsM
   const int rl0 = cols::RowOf<S>(warp), piece = cols::PieceOf<S>(warp, lane), tk = rl0 / R;
   const int64_t col_base = int64_t(blockIdx.y) * W;
   const int64_t col = col_base + int64_t(piece) * E;
-  const int64_t row0 = b * B + rl0;
+  const int64_t row0 = b * B + rank * kRows + rl0;
   const bool col_ok = col < L.inner;
   const int64_t first = (o * L.k + row0) * L.inner + col;  // element (row0, col)
   Vec<kIn, E> v[R];
@@ -459,42 +501,60 @@ __global__ void __launch_bounds__(ColsShape<kFmt, kIn, kBoth>::kThreads, (kColsM
     }
   }
   __syncthreads();
-  for (int c = threadIdx.x; c < W; c += S::kThreads) {
+  // One thread per column: this CTA's maximum of it (with a peer: published, then the peer's folded in).
+  const auto cta_column_max = [&](int c) {
     const int pc = c / E, e = c % E;
     uint32_t m = 0;
 #pragma unroll
     for (int t = 0; t < T; ++t) m = max(m, colpart[t][e][pc]);
-    const BlockScale s = ComputeBlockScale(kFmt, a.scale_rounding, m, g);
-    colparam[e][pc] = ToSmem(fast::ParamsOf<kFmt>(s));
-    if (col_base + c < L.inner) StoreScale(a.scale, kFmt, br * L.inner + col_base + c, s.stored);
+    return m;
+  };
+  if constexpr (kCtas > 1) {
+    for (int c = threadIdx.x; c < W; c += S::kThreads) colcta[c] = cta_column_max(c);
+    Cluster::Arrive();  // this CTA's maxima are out
+    Cluster::Wait();    // and the peer's
   }
+  for (int c = threadIdx.x; c < W; c += S::kThreads) {
+    uint32_t m;
+    if constexpr (kCtas > 1) {
+      m = max(colcta[c], Cluster::LoadPeer(&colcta[c], uint32_t(rank ^ 1)));
+    } else {
+      m = cta_column_max(c);
+    }
+    const BlockScale s = ComputeBlockScale(kFmt, a.scale_rounding, m, g);
+    colparam[c % E][c / E] = ToSmem(fast::ParamsOf<kFmt>(s));
+    if (rank == 0 && col_base + c < L.inner) StoreScale(a.scale, kFmt, br * L.inner + col_base + c, s.stored);
+  }
+  if constexpr (kCtas > 1) Cluster::ArriveRelaxed();  // done reading the peer's shared memory (waited on below)
   if constexpr (kBoth) {
     constexpr int kRowBlocks = W / B;
-    for (int q = threadIdx.x; q < B * kRowBlocks; q += S::kThreads) {
+    for (int q = threadIdx.x; q < kRows * kRowBlocks; q += S::kThreads) {
       const int rl = q / kRowBlocks, cb = q % kRowBlocks;
       const BlockScale s = ComputeBlockScale(kFmt, rq.scale_rounding, rowpart[rl][cb], g);
       rowparam[rl][cb] = ToSmem(fast::ParamsOf<kFmt>(s));
-      const int64_t row = b * B + rl, cblock = col_base / B + cb;
+      const int64_t row = b * B + rank * kRows + rl, cblock = col_base / B + cb;
       if (row < L.k && cblock * B < L.inner)
         StoreScale(rq.scale, kFmt, (o * L.k + row) * L.row_blocks_along + cblock, s.stored);
     }
   }
   __syncthreads();
-  if (!col_ok) return;
-  uint32_t codes[R][2];
-  ColumnCodes<kFmt, kPacked, kIn, E, R, kP>(v, &colparam[0][piece], table, g, codes);
+  if (col_ok) {
+    uint32_t codes[R][2];
+    ColumnCodes<kFmt, kPacked, kIn, E, R, kP>(v, &colparam[0][piece], table, g, codes);
 #pragma unroll
-  for (int j = 0; j < R; ++j) {
-    if (row0 + j >= L.k) break;
-    const int64_t elem = first + j * L.inner;
-    const int64_t byte = kNibbles ? elem / 2 : elem;
-    StorePieceCodes<kCodeBytes>(a.data, byte, codes[j][0], codes[j][1]);
-    if constexpr (kBoth) {
-      const ElemParams rp[1] = {FromSmem(rowparam[rl0 + j][piece * E / B])};
-      const uint4 c = CodesOf<kFmt, kPacked, kIn, E, E, 1>(v[j], rp, table, g);
-      StorePieceCodes<kCodeBytes>(rq.data, byte, c.x, c.y);
+    for (int j = 0; j < R; ++j) {
+      if (row0 + j >= L.k) break;
+      const int64_t elem = first + j * L.inner;
+      const int64_t byte = kNibbles ? elem / 2 : elem;
+      StorePieceCodes<kCodeBytes>(a.data, byte, codes[j][0], codes[j][1]);
+      if constexpr (kBoth) {
+        const ElemParams rp[1] = {FromSmem(rowparam[rl0 + j][piece * E / B])};
+        const uint4 c = CodesOf<kFmt, kPacked, kIn, E, E, 1>(v[j], rp, table, g);
+        StorePieceCodes<kCodeBytes>(rq.data, byte, c.x, c.y);
+      }
     }
   }
+  if constexpr (kCtas > 1) Cluster::Wait();  // the peer has read this CTA's maxima: its shared memory may go
 }
 
 // ------------------------------------------------------------------------ FP8 128x128 tiles

@@ -136,6 +136,7 @@ nb::dict FormatsKernelTimes(nb::bytes x, const std::string& dtype, int64_t rows,
   d["y"] = bytes(t.y);
   if (both_axes) {
     d["both_s"] = t.both_s;
+    d["both_fused"] = t.both_fused;
     d["both_data_last"] = bytes(t.both_data_last);
     d["both_scale_last"] = bytes(t.both_scale_last);
     d["both_data_second"] = bytes(t.both_data_second);

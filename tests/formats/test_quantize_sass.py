@@ -262,10 +262,13 @@ CODE_STORE = {8: "STG.E.64", 4: "STG.E", 2: "STG.E.U16"}
 
 
 def _cols_shape(fmt: int, kind: int, fused: bool):
-    """cols_layout.h's Shape: (rows a lane holds, threads per CTA, elements per 16-byte piece)."""
+    """cols_layout.h's Shape: (rows a lane holds, threads per CTA, elements per 16-byte piece, CTAs
+    (one cluster) per block-row)."""
     block = BLOCK_LEN.get(fmt, 32)
     rows = (16 if block >= 128 else 8) // (2 if fused else 1)
-    return rows, 32 * max(8, block // rows), 4 if kind == 0 else 8
+    warps_along = block // rows
+    ctas = warps_along // 8 if warps_along > 8 else 1
+    return rows, 32 * max(8, warps_along // ctas), 4 if kind == 0 else 8, ctas
 
 
 def test_column_and_fused_kernels(kernels):
@@ -281,7 +284,7 @@ def test_column_and_fused_kernels(kernels):
     for name, k in _select(kernels, "QuantizeColsVec").items():
         fmt, kind, _packed, fused = _args(name)[:4]
         seen.add((fmt, kind, fused))
-        rows, threads, e = _cols_shape(fmt, kind, bool(fused))
+        rows, threads, e, ctas = _cols_shape(fmt, kind, bool(fused))
         wide = k.loads(".128")
         # two paths of R loads: block-rows inside K (unpredicated) and the ragged last one
         assert wide == 2 * rows, f"{name}: {wide} 128-bit loads, want 2 x {rows}"
@@ -299,7 +302,26 @@ def test_column_and_fused_kernels(kernels):
         _check_in_flight(k, 16 * rows, in_bytes / (in_bytes + written), threads)
         if fmt in FP8_ELEMENT_FORMATS:
             assert k.count(lambda op: op.startswith("F2FP") and FP8_ELEMENT_FORMATS[fmt] in op), name
+        _check_cluster(k, ctas)
     assert {(f, kd, fu) for f in (0, 1, 2, 3, 6) for kd in (0, 1, 2) for fu in (0, 1)} <= seen, sorted(seen)
+
+
+def _check_cluster(k: Kernel, ctas: int):
+    """The fused FP8_1x128 kernel's two CTAs of a cluster (2026-11-28, docs/design.md "Round 3"):
+    two cluster arrives (maxima out; done reading the peer), two waits (the peer's maxima; the peer
+    done before this CTA's shared memory goes), only the first with a memory barrier before it
+    (release: the second must not wait for the scale stores in flight), and one load from the peer's
+    shared memory per column a thread derives. Every other kernel: no cluster instruction."""
+    arrives, waits = k.count(lambda op: op == "UCGABAR_ARV"), k.count(lambda op: op == "UCGABAR_WAIT")
+    if ctas == 1:
+        assert arrives == waits == 0, f"{k.name}: cluster barriers in a one-CTA kernel"
+        return
+    assert (arrives, waits) == (2, 2), f"{k.name}: {arrives} cluster arrives, {waits} waits"
+    assert k.count(lambda op: op.startswith("MEMBAR")) == 1, f"{k.name}: a memory barrier before the relaxed arrive"
+    before_first = k.ops[:k.ops.index("UCGABAR_ARV")]
+    assert "MEMBAR.ALL.GPU" in before_first[-4:], f"{k.name}: the first arrive does not release"
+    generic = [op for op in k.ops if op.startswith("LD.")]  # ld.shared::cluster of a mapped address
+    assert len(generic) >= 1, f"{k.name}: no load of the peer's shared memory"
 
 
 def test_column_ownership_is_warp_contiguous(tmp_path):
@@ -307,7 +329,9 @@ def test_column_ownership_is_warp_contiguous(tmp_path):
     (column, fused): the lanes of every (warp, row) own each element of the CTA's B x W tile once; the
     32 lanes of one load instruction hold 32 consecutive 16-byte pieces of one row (512 contiguous
     bytes); a row block of B columns is B / E aligned consecutive lanes of one warp (the fused
-    kernel's shuffles); and the shared memory the kernel declares fits the 48 KiB of static memory."""
+    kernel's shuffles); and the shared memory the kernel declares fits the 48 KiB of static memory.
+    The fused FP8_1x128 kernel's block-row is split over a cluster of two CTAs: the ranks' rows
+    together are the block-row, each element once."""
     _run_host_check(tmp_path, "cols_layout", r'''
 #include <cstdio>
 #include <vector>
@@ -316,27 +340,31 @@ namespace c = gpuext::formats::cols;
 template <int B, int kIn, bool kBoth> int Check() {
   using S = c::Shape<B, kIn, kBoth>;
   std::vector<int> owners(static_cast<size_t>(B) * S::W, 0);
-  for (int w = 0; w < S::kWarps; ++w)
-    for (int j = 0; j < S::R; ++j) {
-      const int row = c::RowOf<S>(w) + j;
-      if (row < 0 || row >= B) return 1;
-      for (int l = 0; l < 32; ++l) {
-        const int piece = c::PieceOf<S>(w, l);
-        if (piece < 0 || piece >= S::kPieces) return 2;
-        if (piece != c::PieceOf<S>(w, 0) + l) return 3;  // one instruction: 32 consecutive pieces
-        if ((piece * S::E) / B != (c::PieceOf<S>(w, l - l % S::G) * S::E) / B) return 4;  // G lanes, one block
-        if ((piece * S::E) % B == 0 && l % S::G != 0) return 5;  // blocks start on a group's first lane
-        for (int e = 0; e < S::E; ++e) ++owners[size_t(row) * S::W + piece * S::E + e];
+  if (S::kCtas * S::kCtaRows != B || S::kCtaT * S::R != S::kCtaRows) return 9;
+  for (int rank = 0; rank < S::kCtas; ++rank) {
+    for (int w = 0; w < S::kWarps; ++w)
+      for (int j = 0; j < S::R; ++j) {
+        const int local = c::RowOf<S>(w) + j, row = rank * S::kCtaRows + local;
+        if (local < 0 || local >= S::kCtaRows || row >= B) return 1;
+        for (int l = 0; l < 32; ++l) {
+          const int piece = c::PieceOf<S>(w, l);
+          if (piece < 0 || piece >= S::kPieces) return 2;
+          if (piece != c::PieceOf<S>(w, 0) + l) return 3;  // one instruction: 32 consecutive pieces
+          if ((piece * S::E) / B != (c::PieceOf<S>(w, l - l % S::G) * S::E) / B) return 4;  // G lanes, one block
+          if ((piece * S::E) % B == 0 && l % S::G != 0) return 5;  // blocks start on a group's first lane
+          for (int e = 0; e < S::E; ++e) ++owners[size_t(row) * S::W + piece * S::E + e];
+        }
       }
-    }
+  }
   for (int n : owners)
     if (n != 1) return 6;
   // QuantizeColsVec's static shared memory: NVFP4 table (B == 16), column partials and parameters,
   // the fused kernel's row maxima and parameters (12-byte SmemParams)
-  const long smem = (B == 16 ? 4096 : 4) + 4L * S::T * S::W + 12L * S::W +
-                    (kBoth ? 4L * B * (S::W / B) + 12L * B * (S::W / B) : 16);
+  const long smem = (B == 16 ? 4096 : 4) + 4L * S::kCtaT * S::W + 4L * (S::kCtas > 1 ? S::W : 1) + 12L * S::W +
+                    (kBoth ? 4L * S::kCtaRows * (S::W / B) + 12L * S::kCtaRows * (S::W / B) : 16);
   if (smem > 48 * 1024) return 7;
-  if (S::kThreads > 1024 || S::kThreads % 32 != 0) return 8;
+  if (S::kThreads != 256) return 8;  // every kernel 256 threads (the launch bounds' register caps)
+  if (S::kCtas != (B >= 128 && kBoth ? 2 : 1)) return 10;  // a cluster only where one CTA would hold 16 warps
   return 0;
 }
 int main() {
