@@ -419,15 +419,19 @@ Status LaunchRowsVec(cudaStream_t stream, const QuantizeArgs& a, bool* taken) {
 
 // Whether the code the driver loaded for `kernel` on the current device was compiled for sm_90 or
 // later (cluster launches, distributed shared memory): the sm_90a / sm_100a cubins, not the sm_80
-// cubin or the compute_80 PTX a newer device without its own cubin JIT-compiles. Asked per launch
-// (a lookup in the loaded module, no device work), so it holds per device.
+// cubin or the compute_80 PTX a newer device without its own cubin JIT-compiles; and whether the
+// device takes cluster launches at all (not under every MIG / vGPU setup). Asked per launch (lookups,
+// no device work), so it holds per device.
 bool ClusterCodeLoaded(const void* kernel) {
+  int device = 0, cluster_launch = 0;
   cudaFuncAttributes attr{};
-  if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
-    (void)cudaGetLastError();  // leaves no sticky error for the launch checks that follow
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, device) != cudaSuccess ||
+      cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
+    (void)cudaGetLastError();  // leaves no error behind for the launch checks that follow
     return false;
   }
-  return attr.ptxVersion >= 90 && attr.binaryVersion >= 90;
+  return cluster_launch != 0 && attr.ptxVersion >= 90 && attr.binaryVersion >= 90;
 }
 
 // `kernel` on a grid of clusters of `ctas` CTAs along x (grid.x a multiple of it). A launch
@@ -506,7 +510,10 @@ Status LaunchColsVec(cudaStream_t stream, const QuantizeArgs& a, const QuantizeA
   });
   if (!fits) return Status::Ok();
   *taken = true;
-  GPUEXT_CUDA_RETURN_IF_ERROR(launch_error);
+  if (launch_error != cudaSuccess) {
+    (void)cudaGetLastError();  // reported here, not against the next launch
+    GPUEXT_CUDA_RETURN_IF_ERROR(launch_error);
+  }
   GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("QuantizeColsVec");
   return Status::Ok();
 }

@@ -174,18 +174,38 @@ __device__ __forceinline__ uint32_t ColumnAmax(const uint32_t (&acc)[Vec<kIn, V>
 }
 
 // ------------------------------------------------------------------------ NVFP4 threshold table
-// Row c holds the 7 thresholds of E4M3 block-scale code c under global scale g (padded to 8 words).
+// Row c holds the 7 thresholds of E4M3 block-scale code c under global scale g (padded to 8 words):
+// fp32 bits for f32 input (fast::Nvfp4Count, one element at a time), packed 16-bit thresholds for
+// bf16 / f16 input (fast::Nvfp4PairCodes16, two elements a word).
 constexpr int kTableWords = 128 * 8;
 
-template <int32_t kFmt>
+template <int32_t kFmt, int kIn>
 __device__ __forceinline__ void BuildTable(uint32_t* table, uint32_t g) {
   if constexpr (kFmt == kNvfp4) {
     for (int i = threadIdx.x; i < kTableWords; i += blockDim.x) {
       const int c = i / 8, t = i % 8;
-      table[i] = t < 7 && !GlobalScaleInvalid(g) ? fast::Nvfp4TableEntry(uint32_t(c), t, g) : 0u;
+      const uint32_t u = t < 7 && !GlobalScaleInvalid(g) ? fast::Nvfp4TableEntry(uint32_t(c), t, g) : 0u;
+      table[i] = kIn == kInF32 ? u : fast::Nvfp4PackedThreshold(u, kIn == kInF16);
     }
     __syncthreads();
   }
+}
+
+// The 7 thresholds of a row (no 8th word: one register less where rows are held across a loop).
+__device__ __forceinline__ void ReadRow7(const uint32_t* table, uint32_t code, uint32_t (&row)[7]) {
+  const uint4 lo = reinterpret_cast<const uint4*>(table + 8 * code)[0];
+  const uint2 mid = reinterpret_cast<const uint2*>(table + 8 * code + 4)[0];
+  row[0] = lo.x, row[1] = lo.y, row[2] = lo.z, row[3] = lo.w, row[4] = mid.x, row[5] = mid.y;
+  row[6] = table[8 * code + 6];
+}
+
+// The codes of a word of two 16-bit elements (NVFP4; `w`: their packed thresholds, `keep`: which
+// elements' blocks are not special, 0xF per half), stored as they are stored: one byte of two
+// nibbles (packed) or two bytes (element 0 low).
+template <bool kNibbles>
+__device__ __forceinline__ uint32_t Nvfp4WordCodes(uint32_t x2, const uint32_t* w, uint32_t keep) {
+  const uint32_t c = fast::Nvfp4PairCodes16(x2, w) & keep;  // element 0 in bits 0-3, element 1 in 16-19
+  return kNibbles ? (c | (c >> 12)) & 0xFFu : (c | (c >> 8)) & 0xFFFFu;
 }
 
 __device__ __forceinline__ void ReadRow(const uint32_t* table, uint32_t code, uint32_t (&row)[8]) {
@@ -203,41 +223,55 @@ __device__ __forceinline__ uint4 CodesOf(const Vec<kIn, V>& v, const ElemParams 
   uint32_t out[4] = {0, 0, 0, 0};
   constexpr bool kNibbles = fast::kFp4(kFmt) && kPacked;
   constexpr bool kFp8Elem = !fast::kFp4(kFmt);
-  bool all_fast = true;
+  if constexpr (kFmt == kNvfp4 && kIn != kInF32) {
+    // two elements (one block: kPer is even) a word against the block's packed thresholds
+    static_assert(kPer % 2 == 0 && kNp <= 2, "NVFP4 runs of whole 16-element blocks");
+    uint32_t th[kNp][7];
 #pragma unroll
-  for (int b = 0; b < kNp; ++b) all_fast = all_fast && p[b].fast && !p[b].special;
-  if (kFp8Elem && all_fast) {
+    for (int b = 0; b < kNp; ++b) ReadRow7(table, p[b].code, th[b]);
 #pragma unroll
     for (int j = 0; j < V; j += 2) {
-      const uint32_t pair = fast::QuantizeFastPair<kFmt>(ElemBits(v, j), ElemBits(v, j + 1), p[j / kPer], p[(j + 1) / kPer]);
-      out[j / 4] |= pair << (8 * (j % 4));
+      const ElemParams& q = p[j / kPer];
+      const uint32_t c = Nvfp4WordCodes<kNibbles>(v.w[j / 2], th[j / kPer], q.special ? 0u : 0x000F000Fu);
+      out[kNibbles ? j / 8 : j / 4] |= c << (kNibbles ? 4 * (j % 8) : 8 * (j % 4));
     }
   } else {
-    // NVFP4: a block's 7 thresholds (its table row, two 16-byte shared loads) in registers once per
-    // block when the run has few blocks; per element otherwise (the column kernel's runs).
-    constexpr int kPre = kFmt == kNvfp4 && kNp <= 2 ? kNp : 0;
-    uint32_t th[kPre > 0 ? kPre : 1][8];
+    bool all_fast = true;
 #pragma unroll
-    for (int b = 0; b < kPre; ++b) ReadRow(table, p[b].code, th[b]);
+    for (int b = 0; b < kNp; ++b) all_fast = all_fast && p[b].fast && !p[b].special;
+    if (kFp8Elem && all_fast) {
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const ElemParams& q = p[j / kPer];
-      uint32_t row[8];
-      const uint32_t* u = nullptr;
-      if constexpr (kFmt == kNvfp4) {
-        if constexpr (kPre > 0) {
-          u = th[j / kPer];
-        } else {
-          ReadRow(table, q.code, row);
-          u = row;
-        }
+      for (int j = 0; j < V; j += 2) {
+        const uint32_t pair = fast::QuantizeFastPair<kFmt>(ElemBits(v, j), ElemBits(v, j + 1), p[j / kPer], p[(j + 1) / kPer]);
+        out[j / 4] |= pair << (8 * (j % 4));
       }
-      const uint32_t code = all_fast ? fast::QuantizeFastElement<kFmt>(ElemBits(v, j), q, u)
-                                     : fast::QuantizeAny<kFmt>(ElemBits(v, j), q, u, g);
-      if constexpr (kNibbles) {
-        out[j / 8] |= (code & 0xFu) << (4 * (j % 8));
-      } else {
-        out[j / 4] |= (code & 0xFFu) << (8 * (j % 4));
+    } else {
+      // NVFP4: a block's 7 thresholds (its table row, two 16-byte shared loads) in registers once per
+      // block when the run has few blocks; per element otherwise (the column kernel's runs).
+      constexpr int kPre = kFmt == kNvfp4 && kNp <= 2 ? kNp : 0;
+      uint32_t th[kPre > 0 ? kPre : 1][8];
+#pragma unroll
+      for (int b = 0; b < kPre; ++b) ReadRow(table, p[b].code, th[b]);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const ElemParams& q = p[j / kPer];
+        uint32_t row[8];
+        const uint32_t* u = nullptr;
+        if constexpr (kFmt == kNvfp4) {
+          if constexpr (kPre > 0) {
+            u = th[j / kPer];
+          } else {
+            ReadRow(table, q.code, row);
+            u = row;
+          }
+        }
+        const uint32_t code = all_fast ? fast::QuantizeFastElement<kFmt>(ElemBits(v, j), q, u)
+                                       : fast::QuantizeAny<kFmt>(ElemBits(v, j), q, u, g);
+        if constexpr (kNibbles) {
+          out[j / 8] |= (code & 0xFu) << (4 * (j % 8));
+        } else {
+          out[j / 4] |= (code & 0xFFu) << (8 * (j % 4));
+        }
       }
     }
   }
@@ -275,7 +309,7 @@ __global__ void __launch_bounds__(kThreads) QuantizeRowsVec(QuantizeArgs a, Rows
   uint4* const warp_stage = stage + (threadIdx.x / 32) * 32 * kPieces<kIn, V>;
   const int64_t group = blockIdx.y;
   const uint32_t g = GlobalOf(a, group);
-  BuildTable<kFmt>(table, g);
+  BuildTable<kFmt, kIn>(table, g);
   const int64_t row0 = group * L.rows_per_group;
   const int64_t total = L.rows_per_group * (L.ragged ? L.chunks_per_row : L.k / V);
   const int64_t total_padded = (total + 31) / 32 * 32;  // whole warps iterate alike (shuffles)
@@ -352,31 +386,49 @@ __device__ __forceinline__ void ColumnCodes(const Vec<kIn, V> (&v)[R], const Sme
   static_assert(V <= 8, "at most 8 codes (two words) per row");
 #pragma unroll
   for (int j = 0; j < R; ++j) out[j][0] = out[j][1] = 0;
+  if constexpr (kFmt == kNvfp4 && kIn != kInF32) {
+    // a word holds columns c and c + 1 of a row: their own blocks' thresholds, one in each half
 #pragma unroll
-  for (int c = 0; c < V; c += 2) {
-    const ElemParams p0 = FromSmem(cp[c * kStride]), p1 = FromSmem(cp[(c + 1) * kStride]);
-    uint32_t u0[8], u1[8];
-    if constexpr (kFmt == kNvfp4) {
-      ReadRow(table, p0.code, u0);
-      ReadRow(table, p1.code, u1);
+    for (int c = 0; c < V; c += 2) {
+      const ElemParams p0 = FromSmem(cp[c * kStride]), p1 = FromSmem(cp[(c + 1) * kStride]);
+      uint32_t u0[7], u1[7], w[7];
+      ReadRow7(table, p0.code, u0);
+      ReadRow7(table, p1.code, u1);
+#pragma unroll
+      for (int i = 0; i < 7; ++i) w[i] = (u0[i] & 0xFFFFu) | (u1[i] & 0xFFFF0000u);
+      const uint32_t keep = (p0.special ? 0u : 0xFu) | (p1.special ? 0u : 0xF0000u);
+#pragma unroll
+      for (int j = 0; j < R; ++j)
+        out[j][kNibbles ? c / 8 : c / 4] |= Nvfp4WordCodes<kNibbles>(v[j].w[c / 2], w, keep)
+                                           << (kNibbles ? 4 * (c % 8) : 8 * (c % 4));
     }
-    const bool pair_fast = p0.fast && p1.fast && !p0.special && !p1.special;
+  } else {
 #pragma unroll
-    for (int j = 0; j < R; ++j) {
-      const uint32_t x0 = ElemBits(v[j], c), x1 = ElemBits(v[j], c + 1);
-      uint32_t c0, c1;
-      if (!fast::kFp4(kFmt) && pair_fast) {
-        const uint32_t pair = fast::QuantizeFastPair<kFmt>(x0, x1, p0, p1);
-        c0 = pair & 0xFFu;
-        c1 = pair >> 8;
-      } else {
-        c0 = fast::QuantizeAny<kFmt>(x0, p0, u0, g);
-        c1 = fast::QuantizeAny<kFmt>(x1, p1, u1, g);
+    for (int c = 0; c < V; c += 2) {
+      const ElemParams p0 = FromSmem(cp[c * kStride]), p1 = FromSmem(cp[(c + 1) * kStride]);
+      uint32_t u0[8], u1[8];
+      if constexpr (kFmt == kNvfp4) {
+        ReadRow(table, p0.code, u0);
+        ReadRow(table, p1.code, u1);
       }
-      if constexpr (kNibbles) {
-        out[j][c / 8] |= ((c0 & 0xFu) | ((c1 & 0xFu) << 4)) << (4 * (c % 8));
-      } else {
-        out[j][c / 4] |= ((c0 & 0xFFu) | ((c1 & 0xFFu) << 8)) << (8 * (c % 4));
+      const bool pair_fast = p0.fast && p1.fast && !p0.special && !p1.special;
+#pragma unroll
+      for (int j = 0; j < R; ++j) {
+        const uint32_t x0 = ElemBits(v[j], c), x1 = ElemBits(v[j], c + 1);
+        uint32_t c0, c1;
+        if (!fast::kFp4(kFmt) && pair_fast) {
+          const uint32_t pair = fast::QuantizeFastPair<kFmt>(x0, x1, p0, p1);
+          c0 = pair & 0xFFu;
+          c1 = pair >> 8;
+        } else {
+          c0 = fast::QuantizeAny<kFmt>(x0, p0, u0, g);
+          c1 = fast::QuantizeAny<kFmt>(x1, p1, u1, g);
+        }
+        if constexpr (kNibbles) {
+          out[j][c / 8] |= ((c0 & 0xFu) | ((c1 & 0xFu) << 4)) << (4 * (c % 8));
+        } else {
+          out[j][c / 4] |= ((c0 & 0xFFu) | ((c1 & 0xFFu) << 8)) << (8 * (c % 4));
+        }
       }
     }
   }
@@ -399,9 +451,11 @@ __device__ __forceinline__ void StorePieceCodes(void* data, int64_t byte, uint32
 
 // CTAs an SM must hold (the register cap: 64 Ki / threads / this): a CTA's loads stop at its
 // barriers, so the SM needs CTAs in different phases to keep loads in flight (round 3). NVFP4's
-// thresholds need more than 64 registers, FP8_1x128's 16 rows (8 fused) a lane more than 80.
+// thresholds need more than 64 registers, FP8_1x128's 16 rows (8 fused) a lane more than 80, and the
+// fused NVFP4 kernel's two sets of packed-threshold codes more than 80 (4 bytes spilled at 3 CTAs).
 template <int32_t kFmt, bool kBoth>
-constexpr int kColsMinBlocks = BlockLen(kFmt) >= 128 ? 2 : (kBoth || kFmt == kNvfp4 ? 3 : 4);
+constexpr int kColsMinBlocks =
+    BlockLen(kFmt) >= 128 || (kBoth && kFmt == kNvfp4) ? 2 : (kBoth || kFmt == kNvfp4 ? 3 : 4);
 
 // The two CTAs of a cluster (sm_90) that share a 128-row block-row (cols::Shape::kCtas == 2). A
 // cluster barrier's arrive releases and its wait acquires this CTA's and the peer's shared memory
@@ -460,7 +514,7 @@ __global__ void __launch_bounds__(ColsShape<kFmt, kIn, kBoth>::kThreads, (kColsM
   const int rank = kCtas > 1 ? int(Cluster::Rank()) : 0;  // == blockIdx.x % kCtas
   const int64_t o = br / L.blocks_along, b = br - o * L.blocks_along;
   const uint32_t g = GlobalOf(a, o / L.rows_per_global);
-  BuildTable<kFmt>(table, g);
+  BuildTable<kFmt, kIn>(table, g);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rl0 = cols::RowOf<S>(warp), piece = cols::PieceOf<S>(warp, lane), tk = rl0 / R;
   const int64_t col_base = int64_t(blockIdx.y) * W;

@@ -207,6 +207,40 @@ GPUEXT_HD uint32_t Nvfp4Count(uint32_t a, const uint32_t* u) {
   return c;
 }
 
+// ------------------------------------------------------------------------ NVFP4, two 16-bit elements at once
+// bf16 / f16 input (docs/design.md, "Round 4: NVFP4 on packed 16-bit pairs"). |x| exceeds a threshold
+// U (fp32 bits) iff x's own 15 magnitude bits h exceed T = the largest 16-bit pattern whose fp32 bits
+// are <= U (16-bit -> fp32 is monotone on magnitudes): for bf16 T = U >> 16, for f16 the bits of U's
+// value rounded toward zero to f16 (at most 65504). Each table word holds 0x8000 | T in both halves;
+// then one 32-bit subtraction compares both elements of a word: (0x8000 + T) - h lies in [1, 0xFF7F],
+// so no borrow crosses the halves, and bit 15 (31) stays set iff h <= T.
+GPUEXT_HD uint32_t Nvfp4Threshold16(uint32_t u, bool f16) {
+  if (!f16) return u >> 16;
+  const int32_t e = int32_t(u >> 23) - 127;  // u: a finite fp32 >= 0
+  if (e >= 16) return 0x7BFFu;               // beyond 65504: every finite f16
+  if (e >= -14) return uint32_t((e + 15) << 10) | ((u >> 13) & 0x3FFu);  // normal: truncate the significand
+  return uint32_t(BitsToFloat(u) * 16777216.0f);  // subnormal f16 steps of 2^-24: exact scaling, then floor
+}
+
+// A table word of 16-bit input: threshold U's T in both halves, with the guard bit.
+GPUEXT_HD uint32_t Nvfp4PackedThreshold(uint32_t u, bool f16) { return (0x8000u | Nvfp4Threshold16(u, f16)) * 0x10001u; }
+
+// Two 16-bit elements (x2: element 0 in the low half) against packed thresholds w[0..6] (each half
+// non-decreasing in i) -> the two E2M1 codes, sign in bit 3: element 0's in bits 0-3, element 1's in
+// bits 16-19. n_i keeps bit 15 (31) where the element does NOT exceed threshold i; the thresholds are
+// sorted, so the bits e_i = ~n_i form a thermometer code (e_0 >= e_1 >= ... >= e_6) whose count is
+// 4 e_3 + 2 (e_1 !e_3 | e_5) + (e_0 !e_1 | e_2 !e_3 | e_4 !e_5 | e_6): ~17 instructions a pair, where
+// Nvfp4Count is ~14 an element.
+GPUEXT_HD uint32_t Nvfp4PairCodes16(uint32_t x2, const uint32_t* w) {
+  const uint32_t h = x2 & 0x7FFF7FFFu;
+  const uint32_t n1 = w[1] - h, n3 = w[3] - h, n5 = w[5] - h;
+  const uint32_t b2 = ~n3;
+  const uint32_t b1 = (n3 & ~n1) | ~n5;
+  const uint32_t b0 = (n1 & ~(w[0] - h)) | (n3 & ~(w[2] - h)) | (n5 & ~(w[4] - h)) | ~(w[6] - h);
+  constexpr uint32_t m = 0x80008000u;
+  return ((b0 & m) >> 15) | ((b1 & m) >> 14) | ((b2 & m) >> 13) | ((x2 & m) >> 12);
+}
+
 // ------------------------------------------------------------------------ one element, fast path
 // fp32 bits of x -> its code in block format kFmt (sign included), for a non-special block whose
 // params are `fast` (NVFP4: `u` is the block's threshold row). The scalar QuantizeElement's bits.

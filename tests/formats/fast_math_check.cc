@@ -116,6 +116,55 @@ static void CheckNvfp4(const std::vector<uint32_t>& xs) {
   }
 }
 
+// The 16-bit kernels' NVFP4 path: two elements a word against packed 16-bit thresholds
+// (fast::Nvfp4PairCodes16), every finite bf16 / f16 magnitude in either half with both signs, beside
+// a second element under another block scale, for every E4M3 block scale and the 8 global scales,
+// against the fp32-threshold path (checked against the scalar rule above) and, for every 7th value,
+// against the scalar rule itself.
+static void CheckNvfp4Pairs16() {
+  const float gs[] = {1.0f, 0.37f, 1.0f / 2688.0f, std::ldexp(1.0f, -126), std::ldexp(1.3f, -120), std::ldexp(1.7f, 100),
+                      std::ldexp(1.0f, 120), 3.1e-30f / 7};
+  for (const bool f16 : {false, true}) {
+    const uint32_t top = f16 ? 0x7C00u : 0x7F80u;  // first non-finite magnitude
+    const auto widen = [&](uint32_t h) { return f16 ? HalfToF32Bits(h) : h << 16; };
+    for (float gf : gs) {
+      const uint32_t g = FloatToBits(gf);
+      for (uint32_t c0 = 0; c0 <= 0x7F; ++c0) {
+        const uint32_t c1 = (c0 * 37 + 11) & 0x7F;  // 0x7F: a NaN scale's row (all thresholds 0)
+        uint32_t u0[7], u1[7], w[7];
+        for (int i = 0; i < 7; ++i) {
+          u0[i] = fast::Nvfp4TableEntry(c0, i, g);
+          u1[i] = fast::Nvfp4TableEntry(c1, i, g);
+          w[i] = (fast::Nvfp4PackedThreshold(u0[i], f16) & 0xFFFFu) | (fast::Nvfp4PackedThreshold(u1[i], f16) & 0xFFFF0000u);
+        }
+        BlockScale s0{c0, false, 0, 0, g};
+        if (c0 != 0 && c0 != 0x7F) {
+          const Unpacked sc = Decode(c0, E4M3Format());
+          s0.k = sc.k, s0.m = sc.m;
+        }
+        const fast::ElemParams p0 = fast::ParamsOf<kNvfp4>(s0), p1 = fast::ParamsOf<kNvfp4>(BlockScale{c1, false, 0, 0, g});
+        for (uint32_t h = 0; h < top; ++h) {
+          const uint32_t other = (h * 7919u + 13u) % top;
+          for (uint32_t signs = 0; signs < 4; ++signs) {
+            const uint32_t x0 = h | ((signs & 1u) << 15), x1 = other | ((signs >> 1) << 15);
+            const uint32_t got = fast::Nvfp4PairCodes16(x0 | (x1 << 16), w);
+            const uint32_t want0 = fast::QuantizeFastElement<kNvfp4>(widen(x0), p0, u0);
+            const uint32_t want1 = fast::QuantizeFastElement<kNvfp4>(widen(x1), p1, u1);
+            checks += 2;
+            if ((got & 0xFFFFu) != want0) Fail(f16 ? "nvfp4 f16 pair, element 0" : "nvfp4 bf16 pair, element 0", x0, got, want0, gf);
+            if ((got >> 16) != want1) Fail(f16 ? "nvfp4 f16 pair, element 1" : "nvfp4 bf16 pair, element 1", x1, got, want1, gf);
+            if (h % 7 == 0 && c0 != 0x7F) {
+              const uint32_t rule = QuantizeElement(kNvfp4, s0, widen(x0));
+              ++checks;
+              if ((got & 0xFFFFu) != rule) Fail("nvfp4 16-bit pair vs the scalar rule", x0, got, rule, gf);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 template <int32_t kFmt>
 static void CheckDequant() {
   std::mt19937 rng(3);
@@ -176,6 +225,7 @@ int main() {
   CheckMx<kMxfp4>(xs);
   CheckFp8<kFp8Blockwise1x128>(xs);
   CheckNvfp4(xs);
+  CheckNvfp4Pairs16();
   CheckDequant<kMxfp8E4m3>();
   CheckDequant<kMxfp8E5m2>();
   CheckDequant<kMxfp4>();

@@ -320,8 +320,11 @@ def _check_cluster(k: Kernel, ctas: int):
     assert k.count(lambda op: op.startswith("MEMBAR")) == 1, f"{k.name}: a memory barrier before the relaxed arrive"
     before_first = k.ops[:k.ops.index("UCGABAR_ARV")]
     assert "MEMBAR.ALL.GPU" in before_first[-4:], f"{k.name}: the first arrive does not release"
-    generic = [op for op in k.ops if op.startswith("LD.")]  # ld.shared::cluster of a mapped address
+    generic = [i for i, op in enumerate(k.ops) if op.startswith("LD.")]  # ld.shared::cluster of a mapped address
     assert len(generic) >= 1, f"{k.name}: no load of the peer's shared memory"
+    # the relaxed arrive says "done reading the peer" only if every such read came before it
+    second_arrive = [i for i, op in enumerate(k.ops) if op == "UCGABAR_ARV"][1]
+    assert max(generic) < second_arrive, f"{k.name}: a read of the peer's shared memory after the relaxed arrive"
 
 
 def test_column_ownership_is_warp_contiguous(tmp_path):
