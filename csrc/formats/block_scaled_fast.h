@@ -229,8 +229,8 @@ GPUEXT_HD uint32_t Nvfp4PackedThreshold(uint32_t u, bool f16) { return (0x8000u 
 // non-decreasing in i) -> the two E2M1 codes, sign in bit 3: element 0's in bits 0-3, element 1's in
 // bits 16-19. n_i keeps bit 15 (31) where the element does NOT exceed threshold i; the thresholds are
 // sorted, so the bits e_i = ~n_i form a thermometer code (e_0 >= e_1 >= ... >= e_6) whose count is
-// 4 e_3 + 2 (e_1 !e_3 | e_5) + (e_0 !e_1 | e_2 !e_3 | e_4 !e_5 | e_6): ~17 instructions a pair, where
-// Nvfp4Count is ~14 an element.
+// 4 e_3 + 2 (e_1 !e_3 | e_5) + (e_0 !e_1 | e_2 !e_3 | e_4 !e_5 | e_6): ~23 instructions a pair, where
+// the fp32 thresholds took ~19.5 an element (docs/design.md, Round 4).
 GPUEXT_HD uint32_t Nvfp4PairCodes16(uint32_t x2, const uint32_t* w) {
   const uint32_t h = x2 & 0x7FFF7FFFu;
   const uint32_t n1 = w[1] - h, n3 = w[3] - h, n5 = w[5] - h;
