@@ -22,6 +22,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -421,17 +423,28 @@ Status LaunchRowsVec(cudaStream_t stream, const QuantizeArgs& a, bool* taken) {
 // later (cluster launches, distributed shared memory): the sm_90a / sm_100a cubins, not the sm_80
 // cubin or the compute_80 PTX a newer device without its own cubin JIT-compiles; and whether the
 // device takes cluster launches at all (not under every MIG / vGPU setup). Asked per launch (lookups,
-// no device work), so it holds per device.
+// no device work), once per (kernel, device).
 bool ClusterCodeLoaded(const void* kernel) {
-  int device = 0, cluster_launch = 0;
-  cudaFuncAttributes attr{};
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, device) != cudaSuccess ||
-      cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
     (void)cudaGetLastError();  // leaves no error behind for the launch checks that follow
     return false;
   }
-  return cluster_launch != 0 && attr.ptxVersion >= 90 && attr.binaryVersion >= 90;
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, bool> known;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(kernel, device);
+  if (const auto it = known.find(key); it != known.end()) return it->second;
+  int cluster_launch = 0;
+  cudaFuncAttributes attr{};
+  if (cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, device) != cudaSuccess ||
+      cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;  // not remembered: a transient failure is asked again
+  }
+  const bool ok = cluster_launch != 0 && attr.ptxVersion >= 90 && attr.binaryVersion >= 90;
+  known.emplace(key, ok);
+  return ok;
 }
 
 // `kernel` on a grid of clusters of `ctas` CTAs along x (grid.x a multiple of it). A launch
