@@ -67,6 +67,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gates(*names): skip unless these jax_gpuext gates are open")
     config.addinivalue_line("markers", "verifies(*components, **params): the verification-record components "
                                        "this GPU test exercises (where its parameters equal params)")
+    config.addinivalue_line("markers", "run_first(rank): within its module, runs before the unmarked tests, "
+                                       "lowest rank first (the GPU script's steps have time bounds)")
     here = pathlib.Path(jax_gpuext.__file__).resolve().parent
     if not gates.check("cpu_extension").supported:
         raise pytest.UsageError(
@@ -112,7 +114,21 @@ def verified_features(item) -> dict[str, str]:
     return out
 
 
+def _run_first_order(items):
+    """Within each module (modules keep their order), tests marked run_first(rank) come first, lowest
+    rank first, the rest in file order: the GPU script's steps are time-bounded, and the tests a step
+    is for must not be the ones its bound cuts (tests/formats/test_formats_gpu.py's kernel timing)."""
+    first_seen: dict = {}
+    keyed = []
+    for i, item in enumerate(items):
+        module = first_seen.setdefault(item.nodeid.split("::", 1)[0], i)
+        marker = item.get_closest_marker("run_first")
+        keyed.append(((module, marker.args[0] if marker else float("inf"), i), item))
+    items[:] = [item for _, item in sorted(keyed, key=lambda k: k[0])]
+
+
 def pytest_collection_modifyitems(config, items):
+    _run_first_order(items)
     for item in items:
         for component in verified_components(item):
             item.user_properties.append(("verifies", component))

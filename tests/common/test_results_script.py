@@ -140,6 +140,7 @@ PART_2 = ["env", "install", "info", "tests_ragged_hopper", "allreduce_2_plain", 
           "allreduce_2_command_buffer", "bench_ragged_dot", "memcheck_ragged", "bench_dot_full", "bench_quantize_full",
           "racecheck", "bench_allreduce", "allreduce_4_plain"]
 RESERVE_S = 10  # gpu_run.sh's GPU_RUN_RESERVE_S default
+PART_1_BUDGET = 460  # gpu_run.sh's DEFAULT_BUDGET for part 1
 
 # Stands in for every step but env, install and info: records the step, its bound, the command and
 # how many steps the results file already lists (the results must be rewritten after every step).
@@ -184,7 +185,7 @@ def _stub_calls(tmp_path) -> list:
 def test_gpu_run_part_1_dry_run_order_bounds_and_results_after_every_step(tmp_path):
     """The whole first call on CPU, every GPU step stubbed and the clock advanced by each step's
     expected time: the steps run in the documented order, each under a bound that fits in what is
-    left of the 400 s budget, the expected times fit the budget, and the results file is rewritten
+    left of the part's budget, the expected times fit the budget, and the results file is rewritten
     after every step (each stubbed step sees all earlier ones in it)."""
     result, r, path = _gpu_run(tmp_path, "--part", "1", dry=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -193,10 +194,10 @@ def test_gpu_run_part_1_dry_run_order_bounds_and_results_after_every_step(tmp_pa
     assert result["not_run"] == [] and result["part"] == 1 and path.name.endswith("-part1.json")
     for s in steps:
         assert s["exit_status"] == 0, s
-        assert 20 <= s["bound_s"] <= 400 - s["started_s"] - RESERVE_S, s  # inside what was left
+        assert 20 <= s["bound_s"] <= PART_1_BUDGET - s["started_s"] - RESERVE_S, s  # inside what was left
         assert s["expected_s"] <= s["bound_s"], s
     # the expected times fit with a second per step to spare for writing the results and the sweep
-    assert sum(s["expected_s"] for s in steps) + len(steps) <= 400 - RESERVE_S
+    assert sum(s["expected_s"] for s in steps) + len(steps) <= PART_1_BUDGET - RESERVE_S
     calls = _stub_calls(tmp_path)
     assert [c[0] for c in calls] == PART_1[3:]
     for i, (name, bound, done, _) in enumerate(calls):

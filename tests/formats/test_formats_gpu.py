@@ -3,6 +3,8 @@ machine; skipped elsewhere), and the float4_e2m1fn device-buffer layout XLA uses
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -46,13 +48,13 @@ def test_cuda_matches_reference_bit_for_bit(fmt, dtype):
         cases.append((jax.device_put(np.asarray(random_blocks(14, 8, (300, 260), dtype)), dev), -1))
         cases.append((jax.device_put(np.asarray(random_blocks(18, 8, (200, 264), dtype)), dev), -1))
     for xi, axis in cases:
-        got = jax.jit(lambda v: gx.quantize(v, fmt, axis=axis, backend="cuda"))(xi)
-        want = jax.jit(lambda v: gx.quantize(v, fmt, axis=axis, backend="reference"))(xi)
+        got = _quantize(fmt, "cuda", axis)(xi)
+        want = _quantize(fmt, "reference", axis)(xi)
         assert_bits_equal(got.data, as_bits(np.asarray(want.data)), f"{fmt.name} cuda data axis={axis}")
         assert_bits_equal(got.scale, as_bits(np.asarray(want.scale)), f"{fmt.name} cuda scale axis={axis}")
         for out in (jnp.float32, jnp.bfloat16):
-            y = jax.jit(lambda q: gx.dequantize(q, out, backend="cuda"))(want)
-            y_ref = jax.jit(lambda q: gx.dequantize(q, out, backend="reference"))(want)
+            y = _dequantize(out, "cuda")(want)
+            y_ref = _dequantize(out, "reference")(want)
             assert_bits_equal(y, as_bits(np.asarray(y_ref)), f"{fmt.name} cuda dequantize axis={axis}")
 
 
@@ -97,8 +99,22 @@ ALL_FORMATS = list(formats.FORMATS.values())
 FORMAT_ROUNDINGS_GPU = [(f, None) for f in ALL_FORMATS] + [(gx.NVFP4, "up")]
 
 
+# One jitted function per (format, backend, ...) for the whole module: jax then compiles once per
+# shape, and the dequantize programs (whose operands are codes and scales, the same whatever the
+# input dtype was) serve every input dtype and sweep. The GPU script's formats step has a time bound.
+@functools.cache
 def _quantize(fmt, backend, axis=-1, rounding=None):
     return jax.jit(lambda v: gx.quantize(v, fmt, axis=axis, scale_rounding=rounding, backend=backend))
+
+
+@functools.cache
+def _dequantize(out, backend):
+    return jax.jit(lambda q: gx.dequantize(q, out, backend=backend))
+
+
+@functools.cache
+def _both_axes(fmt, rounding=None):
+    return jax.jit(lambda v: gx.quantize_both_axes(v, fmt, scale_rounding=rounding, backend="cuda"))
 
 
 def _same_quantized(got, want, what):
@@ -106,6 +122,8 @@ def _same_quantized(got, want, what):
     assert_bits_equal(got.scale, as_bits(np.asarray(want.scale)), f"{what} scale")
 
 
+@pytest.mark.run_first(2)
+@pytest.mark.verifies("formats.cuda", feature="{fmt.name}")
 @pytest.mark.parametrize("fmt,rounding", FORMAT_ROUNDINGS_GPU,
                          ids=[f.name + ("-up" if r else "") for f, r in FORMAT_ROUNDINGS_GPU])
 @pytest.mark.parametrize("top", [1.0, 3.0 * 2.0 ** -100, 1.5 * 2.0 ** 100, 448.0], ids=["1", "3e-100", "1.5e100", "448"])
@@ -127,15 +145,17 @@ def test_cuda_every_bf16_value_bit_exact(fmt, rounding, top):
         want = _quantize(fmt, "reference", axis, rounding)(xd)
         _same_quantized(got, want, f"{fmt.name} top={top} axis={axis}")
         if len(fmt.block) != 2 and not fmt.per_tensor:
-            pair = jax.jit(lambda v: gx.quantize_both_axes(v, fmt, scale_rounding=rounding, backend="cuda"))(xd)
+            pair = _both_axes(fmt, rounding)(xd)
             _same_quantized(pair[0], _quantize(fmt, "reference", -1, rounding)(xd), f"{fmt.name} both axes, -1")
             _same_quantized(pair[1], _quantize(fmt, "reference", -2, rounding)(xd), f"{fmt.name} both axes, -2")
         for out in (jnp.float32, jnp.bfloat16, jnp.float16):
-            y = jax.jit(lambda q: gx.dequantize(q, out, backend="cuda"))(want)
-            y_ref = jax.jit(lambda q: gx.dequantize(q, out, backend="reference"))(want)
+            y = _dequantize(out, "cuda")(want)
+            y_ref = _dequantize(out, "reference")(want)
             assert_bits_equal(y, as_bits(np.asarray(y_ref)), f"{fmt.name} top={top} axis={axis} dequantize {out}")
 
 
+@pytest.mark.run_first(1)
+@pytest.mark.verifies("formats.cuda", feature="{fmt.name}")
 @pytest.mark.parametrize("fmt", ALL_FORMATS, ids=[f.name for f in ALL_FORMATS])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16", "float16"])
 def test_cuda_vector_layouts_bit_exact(fmt, dtype):
@@ -152,7 +172,8 @@ def test_cuda_vector_layouts_bit_exact(fmt, dtype):
     # part of the last block-row (the others give it all or none of its rows)
     shapes = [(64, 256), (40, 48), (3, 33, 144), (3, 40, 320), (130, 208), (2, 36, 20), (2, 300, 272), (3, 40, 56),
               (2, 200, 264)]
-    for shape in shapes:
+    outs = (jnp.float32, jnp.bfloat16, jnp.float16)
+    for i, shape in enumerate(shapes):
         n = int(np.prod(shape))
         x = random_blocks(int(rng.integers(1 << 30)), n // 16, (16,), dtype).reshape(shape)
         xd = jax.device_put(x, dev)
@@ -161,12 +182,14 @@ def test_cuda_vector_layouts_bit_exact(fmt, dtype):
             got = _quantize(fmt, "cuda", axis)(xd)
             want = _quantize(fmt, "reference", axis)(xd)
             _same_quantized(got, want, f"{fmt.name} {shape} axis={axis}")
-            for out in (jnp.float32, jnp.bfloat16, jnp.float16):
-                y = jax.jit(lambda q: gx.dequantize(q, out, backend="cuda"))(want)
-                y_ref = jax.jit(lambda q: gx.dequantize(q, out, backend="reference"))(want)
+            # one output type a shape, in turn (each program is a compile, and the GPU script's step
+            # has a time bound); every output type of every value: test_cuda_every_bf16_value_bit_exact
+            for out in (outs[i % 3],):
+                y = _dequantize(out, "cuda")(want)
+                y_ref = _dequantize(out, "reference")(want)
                 assert_bits_equal(y, as_bits(np.asarray(y_ref)), f"{fmt.name} {shape} axis={axis} dequantize {out}")
         if len(fmt.block) != 2:
-            f = jax.jit(lambda v: gx.quantize_both_axes(v, fmt, backend="cuda"))
+            f = _both_axes(fmt)
             if not fmt.per_tensor:
                 assert "gpuext_quantize_both_axes" in f.lower(xd).as_text()
             q_last, q_second = f(xd)
@@ -174,6 +197,7 @@ def test_cuda_vector_layouts_bit_exact(fmt, dtype):
             _same_quantized(q_second, _quantize(fmt, "reference", -2)(xd), f"{fmt.name} {shape} both, -2")
 
 
+@pytest.mark.verifies("formats.cuda", feature="NVFP4")
 def test_cuda_quantize_both_axes_vmap_nvfp4_global_scales():
     """vmap gives each example its own NVFP4 global scale: the fused kernel reads example o's."""
     dev = jax.devices("cuda")[0]
@@ -228,6 +252,8 @@ def _packed_codes(data, fmt):
     return (codes[0::2] | (codes[1::2] << 4)).astype(np.uint8).tobytes()
 
 
+@pytest.mark.run_first(0)
+@pytest.mark.verifies("formats.cuda", feature="{fmt.name}")
 @pytest.mark.parametrize("fmt,axis,both", KERNEL_TIME_CASES,
                          ids=[f"{f.name}-axis{-a}" + ("-both" if b else "") for f, a, b in KERNEL_TIME_CASES])
 def test_cuda_kernels_alone_bit_exact_and_timed(fmt, axis, both, record_property):
