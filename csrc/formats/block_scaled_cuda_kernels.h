@@ -246,8 +246,8 @@ __device__ __forceinline__ uint4 CodesOf(const Vec<kIn, V>& v, const ElemParams 
         out[j / 4] |= pair << (8 * (j % 4));
       }
     } else {
-      // NVFP4: a block's 7 thresholds (its table row, two 16-byte shared loads) in registers once per
-      // block when the run has few blocks; per element otherwise (the column kernel's runs).
+      // NVFP4 (f32 input here; 16-bit input takes the pairs above): a block's 7 thresholds (its table
+      // row, two 16-byte shared loads) in registers once per block when the run has few blocks.
       constexpr int kPre = kFmt == kNvfp4 && kNp <= 2 ? kNp : 0;
       uint32_t th[kPre > 0 ? kPre : 1][8];
 #pragma unroll
