@@ -4,7 +4,7 @@
 #
 #   scripts/gpu_run.sh [--part 1|2] [--install wheel|build|installed] [--wheel FILE] [--only STEP,...]
 #
-# --part 1 (default) is the first call, most-wanted first, within GPU_RUN_BUDGET_S (default 460 s);
+# --part 1 (default) is the first call, most-wanted first, within GPU_RUN_BUDGET_S (default 480 s);
 # --part 2 the optional second call (default budget 240 s): what part 1 leaves out.
 # --install wheel (default): `pip install --no-index --no-deps --target $GPU_RUN_SITE` of the
 #   wheel in .whl/ (scripts/gpu_wheel.sh, built on a CPU machine beforehand); nothing is compiled here.
@@ -50,7 +50,7 @@ STEPS_1=(
   "install 60 10"
   "info 45 5"                  # measured 4-5 s
   "tests_main 180 120"         # every GPU test but formats', hopper_mx's, the grouped kernels' and the multi-process ones
-  "tests_formats 210 150"      # the CUDA quantize / dequantize kernels, bit for bit: 87 tests, the kernel
+  "tests_formats 240 170"      # the CUDA quantize / dequantize kernels, bit for bit: 87 tests, the kernel
                                # timing first (run_first); estimated, ~1-4 s a test (eff6f45: 3.5 s each)
   "tests_hopper_mx 90 55"      # the raw-PTX kernel, in isolated children (measured 42 s in process at eff6f45)
   "bench_quantize 45 25"       # --quick: bfloat16, 256 MiB, every format, both axes (measured 22 s)
@@ -75,7 +75,7 @@ STEPS_2=(
   "bench_allreduce 90 20 70"   # measured 8-9 s
   "allreduce_4_plain 150 80 120"
 )
-DEFAULT_BUDGET=(0 460 240)
+DEFAULT_BUDGET=(0 480 240)
 PY=${PYTHON:-python3}
 RESULTS_DIR=${RESULTS_DIR:-benchmarks/results}
 BUDGET=${GPU_RUN_BUDGET_S:-${DEFAULT_BUDGET[$PART]}}
