@@ -422,8 +422,8 @@ Status LaunchRowsVec(cudaStream_t stream, const QuantizeArgs& a, bool* taken) {
 // Whether the code the driver loaded for `kernel` on the current device was compiled for sm_90 or
 // later (cluster launches, distributed shared memory): the sm_90a / sm_100a cubins, not the sm_80
 // cubin or the compute_80 PTX a newer device without its own cubin JIT-compiles; and whether the
-// device takes cluster launches at all (not under every MIG / vGPU setup). Asked per launch (lookups,
-// no device work), once per (kernel, device).
+// device takes cluster launches at all (not under every MIG / vGPU setup). Runtime lookups, no device
+// work; the answer is kept per (kernel, device).
 bool ClusterCodeLoaded(const void* kernel) {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) {
@@ -455,8 +455,7 @@ cudaError_t LaunchCluster(void (*kernel)(Params...), dim3 grid, int threads, int
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = dim3(unsigned(threads), 1u, 1u);
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
+  config.stream = stream;  // no dynamic shared memory (zeroed above)
   cudaLaunchAttribute cluster[1];
   cluster[0].id = cudaLaunchAttributeClusterDimension;
   cluster[0].val.clusterDim.x = unsigned(ctas);
