@@ -22,8 +22,10 @@ empty; both sum to M. TFLOP/s counts the useful work, 2 * M * K * N (a training 
 
 XLA (jax 0.11, no cuDNN ragged-dot fusion) lowers ``lax.ragged_dot`` to ONE dense GEMM over the lhs
 copied G times and masked (docs/design.md, REFERENCE 11): G times the FLOPs, and an M x G x K
-buffer; our xla backend does the same in float32. A cell whose estimated buffers exceed
-MEMORY_FRACTION of the device's memory is not run, with the estimate as its reason.
+buffer. Our xla backend does not (issue 36): 128-row tiles of one group each, at most
+M + 128 G rows computed (FP8 blockwise in float32), C tiles at a time within
+``xla.CHUNK_BYTES``. A cell whose estimated buffers exceed MEMORY_FRACTION of the device's memory
+is not run, with the estimate and where it comes from as its reason.
 
 Quantization is outside the timed forward; what a backend does to quantized operands on every call
 (scale re-layout, the group bookkeeping kernels, row padding copies) is inside it. The training
@@ -73,7 +75,7 @@ import jax_gpuext as gx  # noqa: E402
 from jax_gpuext import formats  # noqa: E402
 from jax_gpuext.common import gates  # noqa: E402
 from jax_gpuext.ragged_dot import common as ragged_common  # noqa: E402
-from jax_gpuext.ragged_dot import cublaslt, hopper  # noqa: E402
+from jax_gpuext.ragged_dot import cublaslt, hopper, xla  # noqa: E402
 from jax_gpuext.ragged_dot.common import RaggedProblem  # noqa: E402
 
 # (model, layer, G, tokens, top_k, K, N)
@@ -84,8 +86,11 @@ GPT_OSS = ("gpt_oss", "gate_up", 32, 2048, 4, 2880, 5760)
 SMOKE = ("smoke", "up", 4, 64, 2, 256, 128)
 MEMORY_FRACTION = 0.6
 # Rates only to choose how many calls one timed program runs (k): the dense expansion runs at a
-# bf16 GEMM's rate over G times the work, the xla backend's float32 one far slower.
-RATE = {"bf16": 700e12, "xla": 50e12, "ours": 600e12}
+# bf16 GEMM's rate over G times the work; the xla backend at a float32 GEMM's over the useful rows
+# plus one tile per group (FP8 blockwise measured ~18 TFLOP/s on the H200, eff6f45).
+RATE = {"bf16": 700e12, "xla": 20e12, "ours": 600e12}
+EXPANDS = "XLA's dense lowering copies the lhs G times"
+XLA_TILES = "the xla backend's tile chunks, float32 operands and outputs"
 
 
 def group_sizes(kind: str, g: int, m: int, seed: int = 0) -> np.ndarray:
@@ -210,14 +215,15 @@ class Bench:
             return None, f"not installed ({_devtime.error_text(e, 200)})"
         return tokamax, f"tokamax {getattr(tokamax, '__version__', '?')}"
 
-    def fits(self, nbytes: float) -> str | None:
-        """Why a cell needing ``nbytes`` of buffers is not run (None: it fits, or the device does not say)."""
+    def fits(self, nbytes: float, source: str) -> str | None:
+        """Why a cell needing ``nbytes`` of buffers (for ``source``'s reason) is not run (None: it
+        fits, or the device does not say)."""
         if self.memory and nbytes > MEMORY_FRACTION * self.memory:
-            return (f"not run: needs ~{nbytes / 2**30:.0f} GiB (XLA's dense lowering copies the lhs G times), over "
+            return (f"not run: needs ~{nbytes / 2**30:.0f} GiB ({source}), over "
                     f"{MEMORY_FRACTION:.0%} of the device's {self.memory / 2**30:.0f} GiB")
         return None
 
-    def cell(self, row, column, op, args, *, est_s, backend, need_bytes=0.0, flops, reuse=True):
+    def cell(self, row, column, op, args, *, est_s, backend, need_bytes=0.0, flops, reuse=True, source=EXPANDS):
         """Times one cell: row[column] = TFLOP/s, or row[column + '_error'] = why not. With ``reuse``
         the column's program compiled for these shapes by an earlier row runs again (``op`` must
         then depend on the shapes only, not on the row's group sizes)."""
@@ -225,7 +231,7 @@ class Bench:
                 "format": "FP8_1x128xFP8_128x128" if backend not in ("bf16", "tokamax") else "bfloat16",
                 "model": row["model"], "G": row["G"], "M": row["M"], "K": row["K"], "N": row["N"],
                 "shape": [row["M"], row["K"], row["N"], row["G"]], "sizes": row["sizes"], "flops": flops}
-        why = self.fits(need_bytes)
+        why = self.fits(need_bytes, source)
         if why is None and not self.deadline.allows(f"{row['mode']} {column} {row['model']} G={row['G']} "
                                                     f"M={row['M']} {row['sizes']}"):
             why = "not run: --time-limit"
@@ -276,6 +282,7 @@ class Bench:
         m, k, n, g = row["M"], row["K"], row["N"], row["G"]
         flops = 2.0 * float(sizes.sum()) * k * n
         dense = 2.0 * m * g * k * n  # what XLA's lowering computes
+        tiled = 2.0 * (m + xla.TILE * g) * k * n  # what our xla backend computes, at most
         gs = jnp.asarray(sizes)
         lhs, rhs = _QUANTIZE_LHS(x), _QUANTIZE_RHS(w)
         nk = ragged_common.RAGGED_M_NK  # weights (G, N, K), contracting K (axis 2)
@@ -283,8 +290,9 @@ class Bench:
             del x, w
             self.cell(row, "xla",
                       lambda a, b, s: gx.ragged_dot(a, b, s, nk, preferred_element_type=jnp.bfloat16, backend="xla"),
-                      (lhs, rhs, gs), est_s=dense / RATE["xla"], backend="xla", need_bytes=4.0 * m * g * k,
-                      flops=flops)
+                      (lhs, rhs, gs), est_s=tiled / RATE["xla"], backend="xla",
+                      need_bytes=2.0 * xla.CHUNK_BYTES + 4.0 * (m + xla.TILE * g) * (k + n), flops=flops,
+                      source=XLA_TILES)
             return row
         p = RaggedProblem("ragged_m", m, k, n, g, gx.FP8_1x128, gx.FP8_128x128, jnp.bfloat16, rhs_contract=2)
         for name, module in (("hopper", hopper), ("cublaslt", cublaslt)):
@@ -345,6 +353,7 @@ class Bench:
         m, k, n, g = row["M"], row["K"], row["N"], row["G"]
         flops = 3 * 2.0 * float(sizes.sum()) * k * n  # forward, dgrad, wgrad
         dense = 3 * 2.0 * m * g * k * n
+        tiled = 3 * 2.0 * (m + xla.TILE * g) * k * n  # our xla backend's three grouped dots, at most
         gs = jnp.asarray(sizes)
         w_kn = jnp.swapaxes(w, 1, 2)  # (G, K, N): lax.ragged_dot's and scaled_ragged_dot's
         del w
@@ -368,8 +377,10 @@ class Bench:
                 except Exception as e:  # noqa: BLE001
                     row["train_auto_backends"] = _devtime.error_text(e, 100)
             self.cell(row, column, fn, (x, w_kn, gs, ct),
-                      est_s=dense / RATE["xla"] if backend == "xla" else flops / RATE["ours"], backend=backend,
-                      need_bytes=4 * expanded if backend == "xla" else 0.0, flops=flops)
+                      est_s=tiled / RATE["xla"] if backend == "xla" else flops / RATE["ours"], backend=backend,
+                      need_bytes=(6.0 * xla.CHUNK_BYTES + 3 * 4.0 * (m + xla.TILE * g) * (k + n)
+                                  + 4.0 * g * k * n) if backend == "xla" else 0.0,
+                      flops=flops, source=XLA_TILES)
 
         if later:
             ours("train_xla", "xla")

@@ -41,8 +41,18 @@ from jax_gpuext.formats import (
     to_blackwell_scale_layout,
 )
 from jax_gpuext.memory import MemorySpace, place
-from jax_gpuext.ragged_dot import (GroupedBlockScaledArray, quantize_grouped, ragged_dot, ragged_dot_masked,
-                                  scaled_ragged_dot)
+from jax_gpuext.ragged_dot import (RAGGED_CONTRACT, RAGGED_M, RAGGED_M_NK, GroupedBlockScaledArray, dequantize_grouped,
+                                  quantize_grouped, ragged_dot, ragged_dot_masked, scaled_ragged_dot)
+
+# `jax_gpuext.ragged_dot` is the op, as `jax.lax.ragged_dot` is, and so hides the subpackage of the
+# same name from attribute access; the subpackage's public names (`RAGGED_M`, `quantize_grouped`,
+# ...) stay reachable through it, as `jax_gpuext.ragged_dot.RAGGED_M` is written in docs and errors.
+import sys as _sys  # noqa: E402
+
+for _name in _sys.modules["jax_gpuext.ragged_dot"].__all__:  # the subpackage (the attribute is the op)
+    if _name != "ragged_dot":
+        setattr(ragged_dot, _name, getattr(_sys.modules["jax_gpuext.ragged_dot"], _name))
+del _name, _sys
 
 __version__ = "0.1.0"
 
@@ -54,6 +64,7 @@ __all__ = [
     "BlockScaledArray",
     "capabilities",
     "dequantize",
+    "dequantize_grouped",
     "distributed",
     "explain",
     "Explanation",
@@ -75,6 +86,9 @@ __all__ = [
     "quantize_grouped",
     "ragged_dot",
     "ragged_dot_masked",
+    "RAGGED_CONTRACT",
+    "RAGGED_M",
+    "RAGGED_M_NK",
     "scaled_dot_general",
     "scaled_ragged_dot",
     "Selection",

@@ -9,6 +9,7 @@ working in later versions; ours carry no such guarantee from jax, so each must b
 from __future__ import annotations
 
 import contextlib
+import json
 import contextvars
 import functools
 
@@ -30,6 +31,31 @@ def export_disabled_checks() -> list:
     versions the handlers' operands and attributes may change, so re-export after upgrading.
     """
     return [_export.DisabledSafetyCheck.custom_call(t) for t in sorted(_ext.TARGETS)]
+
+
+# --------------------------------------------------------------------------- our arrays in an export's signature
+def register_array_serialization(cls, name: str, formats: dict) -> None:
+    """Lets ``Exported.serialize`` keep ``cls`` (a quantized-array pytree class whose aux data is
+    (format, int, ...)) in an export's signature: a function taking or returning quantized arrays
+    then serializes, and deserializes in any process that imports jax_gpuext. The format goes by
+    name (its ``FORMATS`` entry: formats are values, a rebuilt one must equal it); an unknown name or
+    version is a clear error rather than a wrong array."""
+    def serialize(aux) -> bytes:
+        fmt, *ints = aux
+        if formats.get(getattr(fmt, "name", None)) != fmt:
+            raise ValueError(f"{name}: cannot serialize an array of format {fmt!r}: not one of jax_gpuext's formats "
+                             f"({sorted(formats)})")
+        return json.dumps({"version": 1, "format": fmt.name, "ints": [int(v) for v in ints]}).encode()
+
+    def deserialize(data: bytes):
+        aux = json.loads(bytes(data).decode())
+        if aux.get("version") != 1 or aux.get("format") not in formats:
+            raise ValueError(f"{name}: cannot read {aux!r}: written by another jax_gpuext version (version "
+                             f"{aux.get('version')!r}, format {aux.get('format')!r}; known formats {sorted(formats)})")
+        return (formats[aux["format"]], *aux["ints"])
+
+    _export.register_pytree_node_serialization(cls, serialized_name=name, serialize_auxdata=serialize,
+                                               deserialize_auxdata=deserialize)
 
 
 # --------------------------------------------------------------------------- lowering for another platform

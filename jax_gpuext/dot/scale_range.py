@@ -141,9 +141,10 @@ def in_window(lhs, rhs, k) -> jax.Array:
 
 # --------------------------------------------------------------------------- operands
 def replaced(q, data, scale):
-    """``q`` with new data and scale (the other parts, and the type, kept)."""
+    """``q`` with new data and scale (the global scale, and the type, kept; a grouped array's
+    internal ``slot_data`` dropped: it holds the old codes)."""
     leaves, aux = q.tree_flatten()
-    return type(q).tree_unflatten(aux, (data, scale) + tuple(leaves[2:]))
+    return type(q).tree_unflatten(aux, (data, scale, leaves[2]))
 
 
 def expand_blocks(q, values) -> jax.Array:

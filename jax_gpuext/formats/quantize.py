@@ -199,6 +199,9 @@ class BlockScaledArray:
                 f"scale.shape={tuple(self.scale.shape)})")
 
 
+export.register_array_serialization(BlockScaledArray, "jax_gpuext.BlockScaledArray", FORMATS)
+
+
 # --------------------------------------------------------------------------- validation
 def _array_part(part: str, x, what: str):
     """An array-like part of a BlockScaledArray: anything with a shape and a dtype (jax.Array,

@@ -31,6 +31,7 @@ import numpy as np
 from jax import lax
 
 from jax_gpuext import formats
+from jax_gpuext.common import export
 from jax_gpuext.common.errors import UnsupportedError
 from jax_gpuext.dot.common import format_info, scaled_product
 
@@ -250,24 +251,33 @@ class GroupedBlockScaledArray:
     the ``group_sizes`` it was quantized with, which the op is handed with it: the same sizes must
     go to ``ragged_dot``. 1-D block formats only (MX, NVFP4, FP8_1x128). ``axis`` is stored
     negative; ``global_scale`` is NVFP4's float32 scalar, else None.
+
+    ``slot_data`` is internal (None unless ``grouped.quantize_tokens_for_wgrad`` made the array):
+    the same codes in the padded slot layout, tokens last, (X, S) for 2-D ``data``, as quantize
+    produced them before they were gathered into ``data``. The weight-gradient kernel reads that
+    layout; handing it over spares two passes over the codes (docs/design.md, "The weight
+    gradient's operand passes"). Whatever is not the kernel ignores it (and XLA drops ``data``'s
+    gather when nothing reads it). Rebuilt arrays (``tree_unflatten`` with three children) have none.
     """
 
     def __init__(self, data, scale, global_scale, format, axis: int, groups: int):
         self.data, self.scale, self.global_scale, self.format, self.axis, self.groups = _check_grouped(
             data, scale, global_scale, format, axis, groups, "GroupedBlockScaledArray")
+        self.slot_data = None
 
     def check(self, what: str = "GroupedBlockScaledArray") -> None:
         """Validates the parts again (they may have been replaced since construction)."""
         _check_grouped(self.data, self.scale, self.global_scale, self.format, self.axis, self.groups, what)
 
     def tree_flatten(self):
-        return (self.data, self.scale, self.global_scale), (self.format, self.axis, self.groups)
+        return (self.data, self.scale, self.global_scale, self.slot_data), (self.format, self.axis, self.groups)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
         # As BlockScaledArray: JAX rebuilds pytrees with placeholder leaves while it transforms.
         q = object.__new__(cls)
-        q.data, q.scale, q.global_scale = children
+        q.data, q.scale, q.global_scale = children[:3]
+        q.slot_data = children[3] if len(children) > 3 else None
         q.format, q.axis, q.groups = aux
         return q
 
@@ -278,6 +288,9 @@ class GroupedBlockScaledArray:
     def __repr__(self) -> str:
         return (f"GroupedBlockScaledArray({self.format.name}, shape={tuple(self.data.shape)}, axis={self.axis}, "
                 f"groups={self.groups}, scale.shape={tuple(self.scale.shape)})")
+
+
+export.register_array_serialization(GroupedBlockScaledArray, "jax_gpuext.GroupedBlockScaledArray", formats.FORMATS)
 
 
 def check_grouped_format(fmt, what: str) -> formats.BlockFormat:
@@ -377,7 +390,12 @@ def _group_sizes_from_list(values, what: str) -> np.ndarray:
 
 
 def check_group_sizes(group_sizes, what: str):
-    """``group_sizes`` must be a (G,) int32 array (a tracer is fine: its values are never read)."""
+    """``group_sizes`` must be a (G,) int32 array (a tracer is fine: its values are never read).
+    A NumPy array is first taken as jax takes it (``jnp.asarray``: NumPy's default int64 becomes
+    int32 without x64), so an eager call accepts what the same call under ``jit`` accepts, as
+    ``lax.ragged_dot`` does."""
+    if isinstance(group_sizes, (np.ndarray, np.generic)):
+        group_sizes = jnp.asarray(group_sizes)
     if not (hasattr(group_sizes, "shape") and hasattr(group_sizes, "dtype")):
         if isinstance(group_sizes, (list, tuple)):
             group_sizes = _group_sizes_from_list(group_sizes, what)
@@ -395,7 +413,7 @@ def check_group_sizes(group_sizes, what: str):
 def _dims(dn, what: str):
     if not isinstance(dn, lax.RaggedDotDimensionNumbers):
         raise TypeError(f"{what}: ragged_dot_dimension_numbers must be a jax.lax.RaggedDotDimensionNumbers "
-                        f"(e.g. jax_gpuext.ragged_dot.RAGGED_M / RAGGED_M_NK / RAGGED_CONTRACT) or None, got {dn!r}")
+                        f"(e.g. jax_gpuext.RAGGED_M / RAGGED_M_NK / RAGGED_CONTRACT) or None, got {dn!r}")
     (lc, rc), (lb, rb) = dn.dot_dimension_numbers
     ragged, group = tuple(dn.lhs_ragged_dimensions), tuple(dn.rhs_group_dimensions)
     if lb or rb:
@@ -411,7 +429,7 @@ def _operand(x, name: str, what: str, grouped: bool, mode: str):
     if not isinstance(x, want):
         if isinstance(x, (formats.BlockScaledArray, GroupedBlockScaledArray)):
             why = ("its blocks run along the contracted ragged axis and must restart at each group: quantize it "
-                   "with jax_gpuext.ragged_dot.quantize_grouped" if grouped else
+                   "with jax_gpuext.quantize_grouped" if grouped else
                    "its ragged axis is not blocked in this mode: quantize it with jax_gpuext.quantize")
             raise TypeError(f"{what}: in {mode}, {name} must be a {want.__name__}, got a {type(x).__name__} ({why})")
         raise TypeError(f"{what}: {name} must be a {want.__name__}, got {type(x).__name__}; use scaled_ragged_dot "

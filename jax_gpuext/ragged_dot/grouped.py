@@ -87,6 +87,11 @@ def quantize_grouped(x, fmt, group_sizes, *, axis: int = -1, scale_rounding: str
         raise TypeError(f"{what}: x must be float32, bfloat16 or float16, got {x.dtype} (shape {x.shape})")
     ax = _axis(axis, x.ndim, x.shape, what)
     group_sizes = common.check_group_sizes(group_sizes, what)
+    return _quantize_padded(x, fmt, group_sizes, ax, scale_rounding, global_scale, backend, what)[0]
+
+
+def _quantize_padded(x, fmt, group_sizes, ax: int, scale_rounding, global_scale, backend, what: str):
+    """(the GroupedBlockScaledArray, the BlockScaledArray of the padded slot layout it was gathered from)."""
     g, m, b = int(group_sizes.shape[0]), x.shape[ax], fmt.block[0]
     nblocks = common.grouped_block_count(m, g, b)
     layout = common.grouped_layout(group_sizes, m, b)
@@ -99,7 +104,33 @@ def quantize_grouped(x, fmt, group_sizes, *, axis: int = -1, scale_rounding: str
                              backend=backend)
     block, pos = common.row_blocks(layout)
     data = _take(q.data, block * b + pos, None, ax)
-    return common.GroupedBlockScaledArray(data, q.scale, q.global_scale, fmt, ax, g)
+    return common.GroupedBlockScaledArray(data, q.scale, q.global_scale, fmt, ax, g), q
+
+
+def quantize_tokens_for_wgrad(x, fmt, group_sizes, *, tokens_last: bool, backend: str = "auto"):
+    """``quantize_grouped`` of the tokens of a 2-D ``x`` (M, X) (tokens first, as x and dy come),
+    bit for bit, given back as (X, M) quantized along axis 1 (``tokens_last``) or as (M, X) along
+    axis 0, with the codes also kept in the padded slot layout, tokens last ((X, S): the array's
+    internal ``slot_data``), which the weight-gradient kernel reads (``hopper.wgrad_operands``).
+
+    The tokens are gathered as whole rows into the slot layout (coalesced reads) and quantized
+    along axis 0 there (quantize's column kernel); the FP8 codes are then transposed once into
+    (X, S). Per element (bf16): gather 2 + 2 B, quantize 2 + 1 B, transpose 1 + 1 B. The compact
+    array (what every other backend reads) is gathered back from the padded codes only where
+    something reads it (XLA drops it otherwise). A 1-D block format's blocks are the same in
+    either orientation, so (X, M) along axis 1 is ``quantize_grouped(x.T, axis=1)`` bit for bit.
+    Made for ``scaled_ragged_dot``'s weight gradient (x^T and dy; docs/design.md, "The weight
+    gradient's operand passes"); not public: ``slot_data`` holds the codes as they were, and an
+    array whose ``data`` is replaced afterwards must not keep it."""
+    what = "quantize_grouped"
+    if x.ndim != 2:
+        raise ValueError(f"{what}: the weight gradient's operands are 2-D (tokens, features), got shape "
+                         f"{tuple(x.shape)}")
+    q, padded = _quantize_padded(x, fmt, group_sizes, 0, None, None, backend, what)
+    if tokens_last:  # (X, M) along axis 1: the codes and the (blocks, X) scales transposed
+        q = common.GroupedBlockScaledArray(q.data.T, q.scale.T, q.global_scale, fmt, 1, q.groups)
+    q.slot_data = padded.data.T
+    return q
 
 
 def dequantize_grouped(q, group_sizes, dtype=jnp.float32, *, backend: str = "auto"):

@@ -82,15 +82,26 @@ def supports(p: RaggedProblem) -> GateResult:
     return r if not r.supported else GateResult(True, p.describe())
 
 
+def _has_slots(q, slots: int) -> bool:
+    """Whether ``q`` carries its codes in the (X, slots) slot layout (``slot_data``)."""
+    data = getattr(q, "slot_data", None)
+    return data is not None and tuple(data.shape) == (q.data.shape[1 - q.axis % 2], slots)
+
+
 def _slot_operand(q, token_axis: int, rows, valid):
     """A grouped operand's data in the padded slot layout with the tokens contiguous, (X, S), and
     its scales (blocks, round_up(X, 4)) float32: block j of the slot layout is tokens [128 j,
     128 j + 128), zeros where the block has fewer (``common.slot_rows``); the scales are already
-    one per block (quantize_grouped's compact numbering, which the kernel's tile table shares)."""
-    zero = jnp.zeros((), q.data.dtype)
-    data = jnp.take(q.data, rows, axis=token_axis)
-    data = data if token_axis == 1 else data.T  # (X, S)
-    data = jnp.where(valid[None, :], data, zero)
+    one per block (quantize_grouped's compact numbering, which the kernel's tile table shares).
+    An operand from ``grouped.quantize_tokens_for_wgrad`` already holds that (X, S) array
+    (``slot_data``, quantize's output before the gather back): it is taken as it is."""
+    if _has_slots(q, rows.shape[0]):
+        data = q.slot_data  # quantize's own (X, S) output (grouped.quantize_tokens_for_wgrad): no gather
+    else:
+        zero = jnp.zeros((), q.data.dtype)
+        data = jnp.take(q.data, rows, axis=token_axis)
+        data = data if token_axis == 1 else data.T  # (X, S)
+        data = jnp.where(valid[None, :], data, zero)
     scale = q.scale.astype(jnp.float32)
     scale = scale.T if token_axis == 1 else scale  # (blocks, X)
     x = scale.shape[1]
@@ -114,8 +125,10 @@ def _wgrad(lhs, rhs, group_sizes, p: RaggedProblem, sel=None):
     """out (G, K, N): each group's tokens of x^T times its tokens of dy (wgrad_operands)."""
     a, sa, b, sb = wgrad_operands(lhs, rhs, group_sizes, p)
     if sel is not None:
-        backends.note(sel, "weight gradient: x^T and dy gathered into the padded slot layout (128-token blocks, "
-                           "tokens contiguous) for TMA, one copy of each FP8 operand")
+        how = {True: "handed over by quantize", False: "gathered into it (one copy of the FP8 codes)"}
+        parts = [f"{name} {how[_has_slots(q, a.shape[1])]}" for name, q in (("x^T", lhs), ("dy", rhs))]
+        backends.note(sel, "weight gradient: both operands in the padded slot layout (128-token blocks, tokens "
+                           f"contiguous) for TMA: {'; '.join(parts)}")
     ws = workspace_bytes(p.M, p.G) + WORKSPACE_SLACK
     out, _ = _ffi.ffi_call(
         WGRAD_TARGET,

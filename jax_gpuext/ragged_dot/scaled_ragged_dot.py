@@ -26,7 +26,7 @@ from jax_gpuext import formats
 from jax_gpuext.common import backends
 from jax_gpuext.dot.scaled_dot_general import recipe
 from jax_gpuext.ragged_dot import common
-from jax_gpuext.ragged_dot.grouped import quantize_grouped
+from jax_gpuext.ragged_dot.grouped import quantize_tokens_for_wgrad
 from jax_gpuext.ragged_dot.ragged_dot import ragged_dot
 
 OP = common.OP
@@ -89,14 +89,16 @@ def _backward(rec, backend, w_dtype, res, dy):
     qw = w if (_reuse_weights(rec) or _both_weights(rec)) else _quantize_weights(w, rec.rhs_bwd, 2)
     dx = ragged_dot(_quantize(dy, rec.grad, -1), qw, group_sizes, _DGRAD, preferred_element_type=jnp.float32,
                     backend=backend)
-    # x^T is a transposed copy quantized along its last axis (the tokens): an lhs contracting its
-    # leading axis is ~3x slower on XLA:CPU (docs/design.md "CPU speed"), and K-major is what
-    # GPU grouped GEMMs take.
-    xt = jnp.swapaxes(x.astype(jnp.float32) if x.dtype == jnp.float64 else x, 0, 1)
+    # x^T (K, M) quantized along its last axis (the tokens): an lhs contracting its leading axis
+    # is ~3x slower on XLA:CPU (docs/design.md "CPU speed"), and K-major is what GPU grouped GEMMs
+    # take. Both operands are quantize_grouped's bits, with the padded slot layout kept for the
+    # weight-gradient kernel (grouped.quantize_tokens_for_wgrad; other backends read the compact
+    # arrays).
+    xf = x.astype(jnp.float32) if x.dtype == jnp.float64 else x
     dyf = dy.astype(jnp.float32) if dy.dtype == jnp.float64 else dy
-    dw = ragged_dot(quantize_grouped(xt, rec.lhs_bwd, group_sizes, axis=1),
-                    quantize_grouped(dyf, rec.grad, group_sizes, axis=0), group_sizes, common.RAGGED_CONTRACT,
-                    preferred_element_type=jnp.float32, backend=backend)
+    dw = ragged_dot(quantize_tokens_for_wgrad(xf, rec.lhs_bwd, group_sizes, tokens_last=True),
+                    quantize_tokens_for_wgrad(dyf, rec.grad, group_sizes, tokens_last=False), group_sizes,
+                    common.RAGGED_CONTRACT, preferred_element_type=jnp.float32, backend=backend)
     return dx.astype(x.dtype), dw.astype(w_dtype), None
 
 

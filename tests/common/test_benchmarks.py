@@ -347,6 +347,35 @@ def test_bench_quantize_smoke(tmp_path):
     for key in ("format", "shape", "dtype", "time_us", "dequantize_time_us", "fraction_of_copy"):
         assert key in result["xla_rows"][0]
     assert "quantize_both_axes" in stdout  # present or absent, the run says which
+    # issue 35's verdict: every timed row of the kernel backend, none of xla's or jax.nn's
+    assert "targets (issue 35)" in stdout and result["targets"]
+    for v in result["targets"]:
+        assert v["target"] == (0.80 if v["op"] == "quantize_both_axes" else 0.85)
+        assert v["met"] == (v["fraction_of_copy"] >= v["target"])
+
+
+def test_bench_quantize_judges_every_row_of_ours_by_issue_35():
+    """85% of the copy for every quantize and dequantize of our kernels (every format, dtype and
+    axis), 80% for the fused pair; the xla backend's and jax.nn's rows are beside, not judged."""
+    import bench_quantize
+
+    rows = [{"op": "quantize", "backend": "cuda", "variant": "FP8_TENSOR", "dtype": "float32", "axis": -1,
+             "fraction_of_copy": 0.849},
+            {"op": "quantize", "backend": "cuda", "variant": "MXFP4", "dtype": "float16", "axis": -2,
+             "fraction_of_copy": 0.85},
+            {"op": "dequantize", "backend": "cuda", "variant": "NVFP4", "dtype": "bfloat16", "axis": -1,
+             "fraction_of_copy": 0.84},
+            {"op": "quantize_both_axes", "backend": "cuda", "variant": "FP8_1x128", "dtype": "bfloat16",
+             "axis": [-1, -2], "fraction_of_copy": 0.81},
+            {"op": "quantize", "backend": "xla", "variant": "MXFP4", "dtype": "bfloat16", "axis": -1,
+             "fraction_of_copy": 0.2},
+            {"op": "copy", "backend": "cuda", "dtype": "bfloat16", "axis": None, "fraction_of_copy": 1.0},
+            {"op": "quantize", "backend": "cuda", "variant": "MXFP8_E4M3", "dtype": "bfloat16", "axis": -1,
+             "error": "failed"}]
+    verdict = bench_quantize._targets(rows, "cuda")
+    assert [(v["variant"], v["met"]) for v in verdict] == [("FP8_TENSOR", False), ("MXFP4", True), ("NVFP4", False),
+                                                           ("FP8_1x128", True)]
+    assert bench_quantize._targets(rows, None) == []
 
 
 @pytest.mark.slow

@@ -99,6 +99,44 @@ def test_exported_program_runs_in_a_fresh_process_after_import(tmp_path):
     assert ours.returncode == 0 and "ran 4" in ours.stdout, ours.stderr[-3000:]
 
 
+def _bits(a):
+    a = np.asarray(a)
+    return a.view(np.uint8) if a.dtype.itemsize == 1 else a.view(np.uint32) if a.dtype.itemsize == 4 else a
+
+
+def test_quantized_arrays_in_an_exports_signature_serialize():
+    """Functions returning BlockScaledArray (quantize_both_axes, NVFP4 with its global scale) or a
+    GroupedBlockScaledArray, and taking one, serialize and give the same bits after
+    deserialization: the classes are registered with jax.export (format by name, axis, groups)."""
+    x = jax.random.normal(jax.random.key(3), (64, 160), jnp.bfloat16)
+    sizes = jnp.array([10, 40, 0], jnp.int32)
+    checks = gx.export_disabled_checks()
+    cases = [(jax.jit(lambda v: gx.quantize_both_axes(v, gx.NVFP4)), (x,)),
+             (jax.jit(lambda v, s: gx.quantize_grouped(v, gx.MXFP4, s, axis=0)), (x, sizes))]
+    for f, args in cases:
+        exp = jax.export.deserialize(jax.export.export(f, disabled_checks=checks)(*args).serialize())
+        got, want = exp.call(*args), f(*args)
+        assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
+        for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+            np.testing.assert_array_equal(_bits(g), _bits(w))
+    q = gx.quantize(x, gx.MXFP8_E5M2, axis=-2)
+    deq = jax.jit(lambda q: gx.dequantize(q, jnp.float32))
+    exp = jax.export.deserialize(jax.export.export(deq, disabled_checks=checks)(q).serialize())
+    assert exp.in_tree == jax.tree_util.tree_structure(((q,), {}))
+    np.testing.assert_array_equal(np.asarray(exp.call(q)), np.asarray(deq(q)))
+
+
+def test_quantized_array_from_another_version_is_refused_clearly():
+    """An export whose signature names an array layout this jax_gpuext cannot read (here: the
+    version field of its serialized aux data changed) fails to deserialize with a clear error."""
+    x = jax.random.normal(jax.random.key(4), (32, 64))
+    f = jax.jit(lambda v: gx.quantize(v, gx.FP8_1x128))
+    blob = bytes(jax.export.export(f, disabled_checks=gx.export_disabled_checks())(x).serialize())
+    assert blob.count(b'"version": 1') == 1
+    with pytest.raises(ValueError, match="another jax_gpuext version"):
+        jax.export.deserialize(bytearray(blob.replace(b'"version": 1', b'"version": 9')))
+
+
 def test_registration_failure_is_recorded_not_raised(monkeypatch):
     """import must never fail: XLA refusing a target turns the extension's gate off, with why."""
     from jax_gpuext.common import gates

@@ -152,6 +152,52 @@ def test_quantize_grouped_bit_exact(fmt, axis):
     np.testing.assert_array_equal(np.asarray(d), want)
 
 
+@pytest.mark.parametrize("fmt", GROUPED_FORMATS, ids=lambda f: f.name)
+def test_wgrad_operand_quantize_is_quantize_grouped(fmt):
+    """scaled_ragged_dot's weight gradient quantizes x and dy with grouped.quantize_tokens_for_wgrad
+    (tokens first in, (X, M) or (M, X) out, the padded slot codes kept for the kernel): bit for bit
+    quantize_grouped of x^T along axis 1 and of dy along axis 0, on bfloat16 input with zeros,
+    subnormals, inf and NaN; slot_data is the codes in the slot layout (tokens last), zeros in the
+    slots no token fills."""
+    from jax_gpuext.ragged_dot import grouped
+
+    x = np.array(rand(13, (M, 40), 4.0)).astype(jnp.bfloat16)
+    x[3, :4] = [0.0, -0.0, float(jnp.finfo(jnp.bfloat16).smallest_subnormal), -1e-40]
+    x[150, 7], x[151, 8], x[9, 9] = np.inf, -np.inf, np.nan
+    sizes = jnp.asarray(SIZES)
+    for tokens_last in (True, False):
+        got = jax.jit(lambda v, s, t=tokens_last: grouped.quantize_tokens_for_wgrad(v, fmt, s, tokens_last=t))(
+            x, sizes)
+        want = gx.quantize_grouped(x.T if tokens_last else x, fmt, sizes, axis=1 if tokens_last else 0)
+        assert (got.axis, got.groups, got.format) == (want.axis, want.groups, want.format)
+        for part in ("data", "scale", "global_scale"):
+            a, b = getattr(got, part), getattr(want, part)
+            if b is None:
+                assert a is None
+                continue
+            assert a.shape == b.shape and a.dtype == b.dtype, part
+            bits = np.uint8 if a.dtype.itemsize == 1 else np.uint32
+            np.testing.assert_array_equal(np.asarray(a).view(bits), np.asarray(b).view(bits), err_msg=part)
+        # slot_data (X, S): token t of group g at slot 128 * block + position, as common.slot_rows lays it
+        codes = np.asarray(got.slot_data.astype(jnp.float32))
+        data = np.asarray(want.data.astype(jnp.float32))
+        data = data if tokens_last else data.T  # (X, M)
+        b = fmt.block[0]
+        assert codes.shape == (40, b * grouped_block_count(M, G, b))
+        want_slots, block = np.zeros_like(codes), 0
+        for start, stop in rnp.segments(SIZES, M):
+            for j in range(start, stop, b):
+                n = min(b, stop - j)
+                want_slots[:, block * b:block * b + n] = data[:, j:j + n]
+                block += 1
+        np.testing.assert_array_equal(codes, want_slots)
+    # A rebuilt array (as transformations and scale_range.replaced rebuild it) carries no slot codes
+    # unless handed them; the public quantize_grouped never sets them.
+    assert want.slot_data is None and jax.tree_util.tree_map(lambda v: v, got).slot_data is not None
+    assert common.GroupedBlockScaledArray.tree_unflatten(got.tree_flatten()[1], got.tree_flatten()[0][:3]).slot_data \
+        is None
+
+
 @pytest.mark.parametrize("m,groups,block", [(0, 2, 4), (1, 0, 4), (5, 1, 4), (9, 2, 4), (7, 3, 2), (12, 2, 5)])
 def test_grouped_block_count_bounds_every_group_split(m, groups, block):
     assert grouped_block_count(m, groups, block) == rnp.max_blocks(m, groups, block)

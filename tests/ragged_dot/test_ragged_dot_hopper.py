@@ -451,6 +451,51 @@ def test_wgrad_lowers_to_its_kernel():
         assert t in text, t
 
 
+@pytest.mark.parametrize("case", ["starts_not_multiple_of_16", "out_of_range"])
+def test_wgrad_reads_quantizes_output_without_moving_the_codes(case):
+    """scaled_ragged_dot's weight gradient hands the kernel quantize's own padded output
+    (grouped.quantize_tokens_for_wgrad): what the kernel reads is bit for bit what the gather from
+    quantize_grouped's compact arrays gives, and the lowered CUDA program gathers only the bf16
+    rows (one gather of whole rows per operand, no transpose of them) and transposes each operand's
+    FP8 codes once; before, x^T and dy's codes were gathered back and gathered again, and x was
+    transposed as bf16 (docs/design.md, "The weight gradient's operand passes")."""
+    from jax_gpuext.ragged_dot import grouped
+
+    m, k, n, sizes = WGRAD_CASES[case]
+    gs = jnp.array(sizes, jnp.int32)
+    x = (jax.random.normal(jax.random.key(7), (m, k)) * 2).astype(jnp.bfloat16)
+    dy = jax.random.normal(jax.random.key(8), (m, n)).astype(jnp.bfloat16)
+
+    def slots(x, dy, s):
+        return (grouped.quantize_tokens_for_wgrad(x, gx.FP8_1x128, s, tokens_last=True, backend="xla"),
+                grouped.quantize_tokens_for_wgrad(dy, gx.FP8_1x128, s, tokens_last=False, backend="xla"))
+
+    def compact(x, dy, s):
+        return (gx.quantize_grouped(x.T, gx.FP8_1x128, s, axis=1, backend="xla"),
+                gx.quantize_grouped(dy, gx.FP8_1x128, s, axis=0, backend="xla"))
+
+    p = common.problem(*compact(x, dy, gs), gs, common.RAGGED_CONTRACT, jnp.float32)
+    ops = {name: jax.jit(lambda a, b, s, f=f: hopper.wgrad_operands(*f(a, b, s), s, p))(x, dy, gs)
+           for name, f in (("slots", slots), ("compact", compact))}
+    for got, want in zip(ops["slots"], ops["compact"]):
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_array_equal(np.asarray(got).view(np.uint8), np.asarray(want).view(np.uint8))
+
+    text = jax.jit(lambda a, b, s: hopper.impl(*slots(a, b, s), s, p)).trace(x, dy, gs).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert hopper.WGRAD_TARGET in text
+    moves = [line for line in text.splitlines() if re.search(r"stablehlo\.(gather|transpose)", line)]
+    result = [line.rsplit("->", 1)[-1] for line in moves]
+    blocks = common.grouped_block_count(m, len(sizes), 128)
+    row_gathers = sorted(r for r, line in zip(result, moves) if "gather" in line and "ui16>" in r)
+    assert row_gathers == sorted([f" tensor<{128 * blocks}x{k}xui16>", f" tensor<{128 * blocks}x{n}xui16>"]), moves
+    assert not [r for r in result if "bf16" in r], moves  # no transpose of the bf16 input
+    codes = [(line, r) for line, r in zip(moves, result) if "f8E4M3FN" in r or "ui8>" in r]
+    assert sorted(r.strip() for _, r in codes) == sorted([f"tensor<{k}x{128 * blocks}xf8E4M3FN>",
+                                                          f"tensor<{n}x{128 * blocks}xf8E4M3FN>"]), codes
+    assert all("transpose" in line for line, _ in codes), codes
+
+
 def test_wgrad_lowers_with_no_tokens():
     """No tokens (the GPU test's last case): zero token blocks, operands (K, 0) and (N, 0), scales
     (0, K4) and (0, N4), which the handler accepts (blocks = 0) and answers with one memset."""

@@ -58,6 +58,41 @@ def test_a_list_of_ints_is_the_same_as_the_array(entry):
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
 
 
+@pytest.mark.parametrize("entry", ["ragged_dot", "scaled_ragged_dot", "quantize_grouped", "dequantize_grouped"])
+def test_numpy_default_int_sizes_are_taken_as_jit_takes_them(entry):
+    """np.array([8, 8]) (int64, NumPy's default) is what jax's own ragged_dot tests pass: taken as
+    jax takes it (int32 without x64), eagerly as under jit, not refused eagerly only."""
+    import jax
+
+    call = _entry_points()[entry]
+    sizes = np.array([8, 8])
+    assert sizes.dtype == np.int64
+    got, jitted, want = call(sizes), jax.jit(call)(sizes), call(np.array([8, 8], np.int32))
+    for r in (got, jitted):
+        for a, b in zip(jax.tree_util.tree_leaves(r), jax.tree_util.tree_leaves(want)):
+            np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    with pytest.raises(TypeError, match="dtype int32"):  # other dtypes are still refused
+        call(np.array([8, 8], np.uint32))
+
+
+def test_the_grouped_names_errors_recommend_are_reachable():
+    """The dimension numbers and grouped quantizers are public (jax_gpuext.RAGGED_M, ...,
+    jax_gpuext.dequantize_grouped), and reachable as jax_gpuext.ragged_dot.X too, as the docs and
+    the errors write them, although jax_gpuext.ragged_dot is the op (as jax.lax.ragged_dot is)."""
+    import jax_gpuext.ragged_dot as package
+
+    for name in ("RAGGED_M", "RAGGED_M_NK", "RAGGED_CONTRACT", "quantize_grouped", "dequantize_grouped",
+                 "GroupedBlockScaledArray", "grouped_block_count"):
+        assert getattr(gx.ragged_dot, name) is getattr(package, name), name
+    for name in ("RAGGED_M", "RAGGED_M_NK", "RAGGED_CONTRACT", "quantize_grouped", "dequantize_grouped"):
+        assert getattr(gx, name) is getattr(package, name) and name in gx.__all__, name
+    x = np.ones((M, K), np.float32)
+    q, qw = gx.quantize(x, gx.FP8_1x128), gx.quantize(np.ones((G, K, N), np.float32), gx.FP8_128x128)
+    with pytest.raises(TypeError, match=r"jax_gpuext\.RAGGED_M ") as e:
+        gx.ragged_dot(q, qw, np.array([8, 8], np.int32), "ragged_m")
+    assert gx.RAGGED_M is not None, str(e.value)
+
+
 # --------------------------------------------------------------------------- finding 7: errors name the function called
 def _bad_inputs():
     """(entry point, case, call, exception, message pattern): one of each class of bad input each
@@ -108,7 +143,7 @@ def _bad_inputs():
          "x must be float32"),
         ("quantize_grouped", "axis", lambda: qgr(x, gx.MXFP8_E4M3, gs, axis=2), ValueError, "axis 2 is out of range"),
         ("quantize_grouped", "axis-type", lambda: qgr(x, gx.MXFP8_E4M3, gs, axis=0.0), TypeError, "axis must be"),
-        ("quantize_grouped", "sizes-dtype", lambda: qgr(x, gx.MXFP8_E4M3, gs.astype(np.int64), axis=0), TypeError,
+        ("quantize_grouped", "sizes-dtype", lambda: qgr(x, gx.MXFP8_E4M3, gs.astype(np.int16), axis=0), TypeError,
          "dtype int32"),
         ("quantize_grouped", "format-unknown", lambda: qgr(x, "MXFP6", gs, axis=0), ValueError,
          "unknown format 'MXFP6'"),
