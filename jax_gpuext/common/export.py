@@ -54,8 +54,15 @@ def register_array_serialization(cls, name: str, formats: dict) -> None:
                              f"{aux.get('version')!r}, format {aux.get('format')!r}; known formats {sorted(formats)})")
         return (formats[aux["format"]], *aux["ints"])
 
-    _export.register_pytree_node_serialization(cls, serialized_name=name, serialize_auxdata=serialize,
-                                               deserialize_auxdata=deserialize)
+    try:
+        _export.register_pytree_node_serialization(cls, serialized_name=name, serialize_auxdata=serialize,
+                                                   deserialize_auxdata=deserialize)
+    except ValueError as e:
+        # The module ran again (importlib.reload, an autoreloading notebook, a test that imports
+        # each module afresh): jax refuses a second registration of the name, and keeps the first
+        # class's. Anything else (another class taking our name) is a real conflict.
+        if f"{cls.__module__}.{cls.__qualname__}" not in str(e):
+            raise
 
 
 # --------------------------------------------------------------------------- lowering for another platform
