@@ -160,6 +160,24 @@ def _parse_dimension_numbers(dimension_numbers, lhs_ndim, rhs_ndim, what):
     return lc, rc, lb, rb
 
 
+def result_dtype(lhs_dtype, rhs_dtype, preferred_element_type, supported, what: str):
+    """(the dtype ``jax.lax.dot_general`` / ``lax.ragged_dot`` would return for these operand dtypes,
+    the dtype we compute it in). A drop-in returns lax's dtype: float16 x bfloat16 gives bfloat16
+    there (not ``promote_types``' float32), and float64 (x64 inputs, or asked for) gives float64,
+    which we compute in float32 (the accumulation our kernels and XLA paths have) and cast exactly.
+    ``preferred_element_type`` is checked against ``supported`` plus float64 first (a clear error
+    for an integer or unknown type)."""
+    if preferred_element_type is not None:
+        out = formats.float_dtype(preferred_element_type, tuple(supported) + (jnp.dtype(jnp.float64),), what,
+                                  "preferred_element_type")
+        out = jax.dtypes.canonicalize_dtype(out)  # float64 without x64 is float32, as in lax
+    else:  # lax's own rule for the operand dtypes, asked of lax (it has changed between versions)
+        out = jax.eval_shape(lambda a, b: lax.dot_general(a, b, (((0,), (0,)), ((), ()))),
+                             jax.ShapeDtypeStruct((1,), lhs_dtype), jax.ShapeDtypeStruct((1,), rhs_dtype)).dtype
+        out = formats.float_dtype(out, tuple(supported) + (jnp.dtype(jnp.float64),), what, "result dtype")
+    return jnp.dtype(out), (jnp.dtype(jnp.float32) if out == jnp.float64 else jnp.dtype(out))
+
+
 def _check_out_dtype(dtype, what):
     return formats.float_dtype(dtype, _OUT_DTYPES, what, "preferred_element_type")
 

@@ -17,6 +17,8 @@ from jax import lax
 from jax_gpuext import formats
 from jax_gpuext.common import backends, export
 from jax_gpuext.dot.block_scaled_dot import block_scaled_dot
+from jax_gpuext.formats.quantize import first_order_only
+from jax_gpuext.dot import common as dot_common
 from jax_gpuext.dot.common import OP, _OUT_DTYPES, _parse_dimension_numbers, format_info
 
 
@@ -115,7 +117,9 @@ def _scaled_canonical(a, b, rec: _Recipe, out_dtype, backend):
 
 
 def _scaled_fwd(a, b, rec, out_dtype, backend):
-    return _canonical_scaled(a, b, rec.lhs, rec.rhs, out_dtype, backend), (a, b)
+    # under a second derivative (jax.hessian: jvp of the vjp) jax runs this rule with tangents
+    with first_order_only("scaled_dot_general"):
+        return _canonical_scaled(a, b, rec.lhs, rec.rhs, out_dtype, backend), (a, b)
 
 
 def _quantize_along_rows(x, fmt):
@@ -144,6 +148,11 @@ def _grad_dtype(x):
 
 
 def _scaled_bwd(rec, out_dtype, backend, res, g):
+    with first_order_only("scaled_dot_general"):
+        return _backward(rec, out_dtype, backend, res, g)
+
+
+def _backward(rec, out_dtype, backend, res, g):
     a, b = res  # a (B, M, K), b (B, K, N), g (B, M, N)
     # g is quantized in its own dtype (formats.quantize takes f32/bf16/f16; _quantize narrows
     # float64): a bf16 -> f32 promotion here would be one more pass with identical blocks.
@@ -193,7 +202,9 @@ def scaled_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_el
     with ``grad_format`` (default
     MXFP8_E5M2 for MXFP8, MXFP4 and NVFP4, FP8_1x128 for FP8 blockwise, FP8_TENSOR for FP8_TENSOR) and
     re-quantizes the saved operands along the backward contracting axes (the free dims,
-    flattened the same way; see ``recipe``).
+    flattened the same way; see ``recipe``). The result has ``lax.dot_general``'s dtype for the
+    same operands and ``preferred_element_type`` (float16 x bfloat16: bfloat16; float64 under
+    x64: computed in float32, cast exactly). Differentiable once, in reverse mode.
     """
     del precision
     what = "scaled_dot_general"
@@ -211,11 +222,8 @@ def scaled_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_el
                              f"axis {b}")
     if [lhs.shape[d] for d in lb] != [rhs.shape[d] for d in rb]:
         raise ValueError(f"{what}: batch sizes differ: lhs {lhs.shape} dims {lb} vs rhs {rhs.shape} dims {rb}")
-    requested = jnp.promote_types(lhs.dtype, rhs.dtype) if preferred_element_type is None else preferred_element_type
-    # float64 (x64 inputs, or asked for) is computed and returned in float32
-    out_dtype = formats.float_dtype(requested, _OUT_DTYPES + (jnp.dtype(jnp.float64),), what,
-                                    "preferred_element_type")
-    out_dtype = jnp.dtype(jnp.float32) if out_dtype == jnp.float64 else out_dtype
+    # lax.dot_general's result dtype; float64 (x64 inputs, or asked for) computed in float32
+    result, out_dtype = dot_common.result_dtype(lhs.dtype, rhs.dtype, preferred_element_type, _OUT_DTYPES, what)
     # The quantized axis is the contracting dims flattened (jax.nn's canonicalisation): lhs's in
     # ascending order, rhs's in the order that pairs them with lhs's (jax.nn sorts rhs's too,
     # which is the same order whenever the pairing is monotone). Batch dims in dimension-number
@@ -231,6 +239,7 @@ def scaled_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_el
     out = _scaled_canonical(a, b, rec, out_dtype, backend)
     shape = ([lhs.shape[d] for d in lb] + [lhs.shape[d] for d in lfree] + [rhs.shape[d] for d in rfree])
     out = out.reshape(shape)
+    out = out.astype(result)  # float64: exact (computed in float32)
     if out_sharding is not None:
         out = lax.with_sharding_constraint(out, out_sharding)
     return out

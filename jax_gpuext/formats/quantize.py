@@ -12,6 +12,7 @@ kernels (``csrc/formats/``). docs/formats.md states the rules.
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import dataclasses
 import operator
 
@@ -551,6 +552,22 @@ QUANTIZE_GRADIENT_ERROR = (
     "estimator around dequantize(quantize(x)) (docs/formats.md, 'Gradients'), or stop_gradient the input")
 
 
+@contextlib.contextmanager
+def first_order_only(what: str):
+    """Around a quantized op's backward pass (a ``custom_vjp`` bwd): a second derivative reaches
+    ``quantize`` inside it, whose refusal would name a function the caller never called and advise
+    a straight-through estimator. Said as what it is instead."""
+    try:
+        yield
+    except TypeError as e:
+        if QUANTIZE_GRADIENT_ERROR not in str(e):
+            raise
+        raise TypeError(f"{what}: differentiable once, in reverse mode (jax.grad, jax.vjp, jax.jacrev): a second "
+                        "derivative (jax.hessian, jax.jacfwd of a gradient) would differentiate its backward pass, "
+                        "which quantizes the cotangent and the saved operands, and quantize has no derivative "
+                        "(its outputs are low-precision codes)") from e
+
+
 def _is_zero(t) -> bool:
     return type(t) is jax.custom_derivatives.SymbolicZero
 
@@ -612,7 +629,7 @@ def _blocked_1d(bits, block: int, axis: int):
     """[..., K, ...] -> moved to [..., nb, block] (zero padded); returns (blocked, K)."""
     b = jnp.moveaxis(bits, axis, -1)
     k = b.shape[-1]
-    block = min(block, k)  # one partial block: no padding needed (zeros change nothing)
+    block = ref.block_length(block, k)  # one partial block: no padding needed (zeros change nothing)
     nb = -(-k // block)
     b = jnp.pad(b, [(0, 0)] * (b.ndim - 1) + [(0, nb * block - k)])
     return b.reshape(b.shape[:-1] + (nb, block)), k
@@ -625,7 +642,7 @@ def _unblock_1d(codes, k: int, axis: int):
 
 def _blocked_2d(bits, block):
     *lead, m, n = bits.shape
-    block = (min(block[0], m), min(block[1], n))
+    block = (ref.block_length(block[0], m), ref.block_length(block[1], n))
     mb, nb = -(-m // block[0]), -(-n // block[1])
     b = jnp.pad(bits, [(0, 0)] * len(lead) + [(0, mb * block[0] - m), (0, nb * block[1] - n)])
     return b.reshape(tuple(lead) + (mb, block[0], nb, block[1])), (m, n)

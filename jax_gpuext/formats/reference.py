@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -211,6 +212,13 @@ def global_amax_bits(x):
 TENSOR_AMAX_CHUNK = (2048, 4)  # elements per partial maximum (see tensor_amax_bits)
 
 
+def block_length(block: int, k) -> int:
+    """Elements per block along an axis of length ``k``: ``block``, or ``k`` when the axis is one
+    partial block (no padding needed; zeros would change nothing). A symbolic ``k`` (jax.export
+    with a symbolic dimension) cannot be compared with the block: the whole block then, padded."""
+    return min(block, k) if jax.core.is_constant_dim(k) else block
+
+
 def tensor_amax_bits(x, finite_only: bool):
     """Largest |x| of the whole tensor as fp32 bits (of its finite values, or with NaN / Inf bits
     winning); 0 for an empty tensor. Integer maxima on the input's own bits (|x| orders like its
@@ -227,7 +235,9 @@ def tensor_amax_bits(x, finite_only: bool):
     if finite_only:
         a = jnp.where(a < inf, a, raw(0))
     chunk = TENSOR_AMAX_CHUNK[0] * TENSOR_AMAX_CHUNK[1]
-    if a.size > chunk:  # smaller tensors (many, under vmap) take one reduction
+    # smaller tensors (many, under vmap) take one reduction; so does a symbolic size (jax.export),
+    # whose padding to whole chunks could not be proved a multiple of them
+    if jax.core.is_constant_dim(a.size) and a.size > chunk:
         a = jnp.pad(a, (0, -a.size % chunk)).reshape((-1,) + TENSOR_AMAX_CHUNK)
         a = jnp.max(a, axis=1, initial=raw(0))
     m = a.reshape(-1)

@@ -273,7 +273,7 @@ def _block_view(x, fmt, axis: int):
         return x, tuple(range(x.ndim)), (), lambda c: c
     if len(fmt.block) == 2:
         *lead, rows, cols = shape
-        br, bc = min(fmt.block[0], rows), min(fmt.block[1], cols)
+        br, bc = ref.block_length(fmt.block[0], rows), ref.block_length(fmt.block[1], cols)
         nr, nc = -(-rows // br), -(-cols // bc)
         xb = jnp.pad(x, [(0, 0)] * len(lead) + [(0, nr * br - rows), (0, nc * bc - cols)])
         xb = xb.reshape(tuple(lead) + (nr, br, nc, bc))
@@ -283,7 +283,7 @@ def _block_view(x, fmt, axis: int):
         return xb, (-3, -1), tuple(lead) + (nr, nc), unblock
     ax = axis % x.ndim
     k = shape[ax]
-    block = min(fmt.block[0], k)  # one partial block: no padding needed
+    block = ref.block_length(fmt.block[0], k)  # one partial block: no padding needed
     nb = -(-k // block)
     xb = jnp.pad(x, [(0, 0)] * ax + [(0, nb * block - k)] + [(0, 0)] * (x.ndim - ax - 1))
     xb = xb.reshape(shape[:ax] + (nb, block) + shape[ax + 1:])

@@ -390,10 +390,13 @@ def _group_sizes_from_list(values, what: str) -> np.ndarray:
 
 
 def check_group_sizes(group_sizes, what: str):
-    """``group_sizes`` must be a (G,) int32 array (a tracer is fine: its values are never read).
-    A NumPy array is first taken as jax takes it (``jnp.asarray``: NumPy's default int64 becomes
-    int32 without x64), so an eager call accepts what the same call under ``jit`` accepts, as
-    ``lax.ragged_dot`` does."""
+    """``group_sizes`` as every backend takes it: a (G,) int32 array (a tracer is fine: its values
+    are never read on the host). Any integer dtype ``lax.ragged_dot`` takes is taken too (int64
+    from NumPy or x64 code, ``jnp.bincount``'s, int16, unsigned) and converted on the device,
+    saturating at int32's largest value (sizes are clamped to [0, M] later, so a size past int32
+    means the same as one of 2^31 - 1: the group runs to the last row). A NumPy array is first
+    taken as jax takes it (``jnp.asarray``), so an eager call accepts what the same call under
+    ``jit`` does. Booleans and floats are refused."""
     if isinstance(group_sizes, (np.ndarray, np.generic)):
         group_sizes = jnp.asarray(group_sizes)
     if not (hasattr(group_sizes, "shape") and hasattr(group_sizes, "dtype")):
@@ -401,12 +404,20 @@ def check_group_sizes(group_sizes, what: str):
             group_sizes = _group_sizes_from_list(group_sizes, what)
         else:
             raise TypeError(f"{what}: group_sizes must be a (G,) int32 array, got {type(group_sizes).__name__}")
-    if jnp.dtype(group_sizes.dtype) != jnp.int32:
-        raise TypeError(f"{what}: group_sizes must have dtype int32 (as lax.ragged_dot takes it on every backend), "
-                        f"got {jnp.dtype(group_sizes.dtype).name} with shape {tuple(group_sizes.shape)}; "
-                        "cast with .astype(jnp.int32)")
+    dtype = jnp.dtype(group_sizes.dtype)
+    if dtype == jnp.bool_ or not jnp.issubdtype(dtype, jnp.integer):
+        raise TypeError(f"{what}: group_sizes must have an integer dtype (int32, as lax.ragged_dot takes it; other "
+                        f"integer types are converted), got {dtype.name} with shape {tuple(group_sizes.shape)}")
     if len(group_sizes.shape) != 1:
         raise ValueError(f"{what}: group_sizes must have shape (G,), got {tuple(group_sizes.shape)}")
+    if dtype != jnp.int32:
+        top = np.iinfo(np.int32).max
+        wide = jnp.iinfo(dtype).max > top
+        if jnp.issubdtype(dtype, jnp.signedinteger) and jnp.iinfo(dtype).min < -top:
+            group_sizes = jnp.clip(group_sizes, 0, top)
+        elif wide:
+            group_sizes = jnp.minimum(group_sizes, top)
+        group_sizes = group_sizes.astype(jnp.int32)
     return group_sizes
 
 

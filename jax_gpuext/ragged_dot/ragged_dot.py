@@ -89,7 +89,7 @@ def ragged_dot(lhs, rhs, group_sizes, ragged_dot_dimension_numbers=None, *, pref
     backends.check_requested(OP, backend, what)
     p = common.problem(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, out_dtype, what)
     sel = backends.select(OP, backend, problem=p)
-    sizes = jnp.asarray(group_sizes)
+    sizes = common.check_group_sizes(group_sizes, what)  # int32 (other integer types converted)
 
     def on(sel):
         out = _cached((p, sel.chosen), sel, lhs, rhs, sizes)

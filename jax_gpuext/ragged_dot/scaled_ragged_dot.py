@@ -24,6 +24,8 @@ import jax.numpy as jnp
 
 from jax_gpuext import formats
 from jax_gpuext.common import backends
+from jax_gpuext.dot.common import result_dtype
+from jax_gpuext.formats.quantize import first_order_only
 from jax_gpuext.dot.scaled_dot_general import recipe
 from jax_gpuext.ragged_dot import common
 from jax_gpuext.ragged_dot.grouped import quantize_tokens_for_wgrad
@@ -75,13 +77,15 @@ def _scaled(x, w, group_sizes, rec, out_dtype, backend, w_dtype):
 
 
 def _scaled_fwd(x, w, group_sizes, rec, out_dtype, backend, w_dtype):
-    y, qw, qw_bwd = _forward(x, w, group_sizes, rec, out_dtype, backend, both=_both_weights(rec))
+    # under a second derivative (jax.hessian: jvp of the vjp) jax runs this rule with tangents
+    with first_order_only("scaled_ragged_dot"):
+        y, qw, qw_bwd = _forward(x, w, group_sizes, rec, out_dtype, backend, both=_both_weights(rec))
     return y, (x, qw if _reuse_weights(rec) else (qw_bwd if qw_bwd is not None else w), group_sizes)
 
 
 def _scaled_bwd(rec, out_dtype, backend, w_dtype, res, dy):
-    with common.named_errors("scaled_ragged_dot"):  # raised while jax differentiates, outside the call
-        return _backward(rec, backend, w_dtype, res, dy)
+    with common.named_errors("scaled_ragged_dot"), first_order_only("scaled_ragged_dot"):
+        return _backward(rec, backend, w_dtype, res, dy)  # raised while jax differentiates, outside the call
 
 
 def _backward(rec, backend, w_dtype, res, dy):
@@ -109,9 +113,12 @@ def scaled_ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_t
                       format=None, grad_format=None, backend: str = "auto") -> jax.Array:
     """``jax.lax.ragged_dot`` computed as a grouped block-scaled dot, differentiable.
 
-    ``lhs`` (M, K) rows grouped by ``group_sizes`` ((G,) int32, rows past the sum give zeros),
-    ``rhs`` (G, K, N) -> (M, N), as ``lax.ragged_dot``. Both are high-precision arrays (float16,
-    bfloat16, float32; float64 is computed in float32) quantized here. ``format`` is one format or
+    ``lhs`` (M, K) rows grouped by ``group_sizes`` ((G,) integers, converted to int32; rows past
+    the sum give zeros), ``rhs`` (G, K, N) -> (M, N), as ``lax.ragged_dot``. Both are
+    high-precision arrays (float16, bfloat16, float32; float64 is quantized from float32)
+    quantized here. The result has ``lax.ragged_dot``'s dtype for the same operands and
+    ``preferred_element_type`` (float64 under x64: computed in float32, cast exactly).
+    Differentiable once, in reverse mode (``grad``, ``vjp``, ``jacrev``). ``format`` is one format or
     an ``(lhs, rhs)`` pair, default ``(FP8_1x128, FP8_128x128)`` (DeepSeek-V3); MX formats in any
     pairing and NVFP4 work too. ``grad_format`` quantizes the cotangent (default as
     ``scaled_dot_general``: FP8_1x128 for FP8 blockwise, MXFP8_E5M2 for MX / NVFP4).
@@ -143,10 +150,8 @@ def scaled_ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_t
         if fmt.per_tensor:
             raise ValueError(f"{what}: {role} {fmt.name} (one scale per tensor) is not a grouped format; use "
                              "FP8_1x128 / FP8_128x128, MX or NVFP4")
-    requested = jnp.promote_types(lhs.dtype, rhs.dtype) if preferred_element_type is None else preferred_element_type
-    out_dtype = formats.float_dtype(requested, common.OUT_DTYPES + (jnp.dtype(jnp.float64),), what,
-                                    "preferred_element_type")
-    out_dtype = jnp.dtype(jnp.float32) if out_dtype == jnp.float64 else out_dtype
+    # lax.ragged_dot's result dtype (its rule is dot_general's); float64 computed in float32
+    result, out_dtype = result_dtype(lhs.dtype, rhs.dtype, preferred_element_type, common.OUT_DTYPES, what)
     with common.named_errors(what):  # what the grouped dots refuse (a backend that cannot run here)
-        return _scaled(lhs, rhs, jnp.asarray(group_sizes), rec, out_dtype, backend, rhs.dtype)
+        return _scaled(lhs, rhs, jnp.asarray(group_sizes), rec, out_dtype, backend, rhs.dtype).astype(result)
 

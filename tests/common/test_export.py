@@ -184,3 +184,33 @@ def test_exported_all_reduce_runs_in_a_fresh_process_after_import(tmp_path):
         print('ran')
         """)
     assert ours.returncode == 0 and "ran" in ours.stdout, ours.stderr[-3000:]
+
+
+SYMBOLIC_CASES = {  # a symbolic batch along the quantized axis, the amax passes, the gradient's re-quantization
+    "mx-axis0": lambda x: gx.quantize(x, gx.MXFP8_E4M3, axis=0),
+    "both-axes": lambda x: gx.quantize_both_axes(x, gx.MXFP4),
+    "nvfp4-default-global-scale": lambda x: gx.quantize(x, gx.NVFP4),
+    "per-tensor": lambda x: gx.quantize(x, gx.FP8_TENSOR),
+    "128x128": lambda x: gx.dequantize(gx.quantize(x, gx.FP8_128x128)),
+    "scaled-dot-general-grad": lambda x: jax.grad(lambda x: jnp.sum(gx.scaled_dot_general(
+        x, jnp.linspace(-1, 1, 96 * 40).reshape(96, 40), (((1,), (0,)), ((), ())),
+        format=(gx.FP8_1x128, gx.FP8_128x128)) ** 2))(x),
+}
+
+
+@pytest.mark.parametrize("case", list(SYMBOLIC_CASES))
+def test_symbolic_batch_exports_and_gives_the_same_bits(case):
+    """jax.export with a symbolic leading dimension (the batch / tokens): quantizing along it, the
+    whole-tensor amax passes (NVFP4's default global scale, per-tensor FP8) and the backward's
+    re-quantization along the free dims compared a symbolic length with the block (or a chunk) in
+    Python and failed to trace; the exported program now gives quantize's bits for two batch sizes."""
+    f = SYMBOLIC_CASES[case]
+    b, = jax.export.symbolic_shape("b")
+    exp = jax.export.export(jax.jit(f), disabled_checks=gx.export_disabled_checks())(
+        jax.ShapeDtypeStruct((b, 96), jnp.float32))
+    exp = jax.export.deserialize(exp.serialize())
+    for rows in (37, 300):
+        x = jax.random.normal(jax.random.key(rows), (rows, 96)) * 3
+        for got, want in zip(jax.tree_util.tree_leaves(exp.call(x)), jax.tree_util.tree_leaves(jax.jit(f)(x))):
+            assert got.shape == want.shape and got.dtype == want.dtype
+            np.testing.assert_array_equal(_bits(got), _bits(want))

@@ -298,7 +298,7 @@ def _operands():
 
 
 @pytest.mark.parametrize("case,err,match", [
-    ("sizes_dtype", TypeError, "group_sizes must have dtype int32"),
+    ("sizes_dtype", TypeError, "group_sizes must have an integer dtype"),
     ("sizes_rank", ValueError, r"group_sizes must have shape \(G,\)"),
     ("groups", ValueError, "rhs has 6 groups .* group_sizes has 5"),
     ("k", ValueError, "contracting sizes differ"),
@@ -315,7 +315,7 @@ def test_bad_input_raises_the_same_on_every_backend(case, err, match):
     qx, qw, sizes = _operands()
     args, kw = [qx, qw, sizes], {}
     if case == "sizes_dtype":
-        args[2] = sizes.astype(jnp.uint32)
+        args[2] = sizes.astype(jnp.float32)
     elif case == "sizes_rank":
         args[2] = sizes[None]
     elif case == "groups":

@@ -59,20 +59,31 @@ def test_a_list_of_ints_is_the_same_as_the_array(entry):
 
 
 @pytest.mark.parametrize("entry", ["ragged_dot", "scaled_ragged_dot", "quantize_grouped", "dequantize_grouped"])
-def test_numpy_default_int_sizes_are_taken_as_jit_takes_them(entry):
-    """np.array([8, 8]) (int64, NumPy's default) is what jax's own ragged_dot tests pass: taken as
-    jax takes it (int32 without x64), eagerly as under jit, not refused eagerly only."""
+def test_integer_sizes_of_any_width_are_taken_as_lax_takes_them(entry):
+    """np.array([8, 8]) (int64, NumPy's default) is what jax's own ragged_dot tests pass, and
+    lax.ragged_dot takes int16, uint32, int64 (x64) alike: each is the same as int32 sizes,
+    eagerly and under jit; bool and float sizes are refused."""
     import jax
 
     call = _entry_points()[entry]
-    sizes = np.array([8, 8])
-    assert sizes.dtype == np.int64
-    got, jitted, want = call(sizes), jax.jit(call)(sizes), call(np.array([8, 8], np.int32))
-    for r in (got, jitted):
-        for a, b in zip(jax.tree_util.tree_leaves(r), jax.tree_util.tree_leaves(want)):
-            np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
-    with pytest.raises(TypeError, match="dtype int32"):  # other dtypes are still refused
-        call(np.array([8, 8], np.uint32))
+    want = call(np.array([8, 8], np.int32))
+    for sizes in (np.array([8, 8]), np.array([8, 8], np.int16), np.array([8, 8], np.uint32),
+                  jnp.array([8, 8], jnp.uint8), jnp.array([8, 8], jnp.int16)):
+        for r in (call(sizes), jax.jit(call)(sizes)):
+            for a, b in zip(jax.tree_util.tree_leaves(r), jax.tree_util.tree_leaves(want)):
+                np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    for bad in (np.array([8.0, 8.0], np.float32), np.array([True, True])):
+        with pytest.raises(TypeError, match="an integer dtype"):
+            call(bad)
+
+
+def test_wide_unsigned_sizes_saturate_instead_of_wrapping():
+    """A uint32 size past int32 (or an int64 one under x64) runs its group to the last row, as a
+    size of 2^31 - 1 does: converted with saturation, never wrapped to a negative (empty) group."""
+    from jax_gpuext.ragged_dot import common
+
+    got = common.check_group_sizes(np.array([3, 2**32 - 1, 5], np.uint32), "t")
+    assert got.dtype == jnp.int32 and np.asarray(got).tolist() == [3, 2**31 - 1, 5]
 
 
 def test_the_grouped_names_errors_recommend_are_reachable():
@@ -112,7 +123,7 @@ def _bad_inputs():
         ("scaled_ragged_dot", "lhs-int", lambda: srd(x.astype(np.int32), w, gs), TypeError, "lhs must be float"),
         ("scaled_ragged_dot", "rank", lambda: srd(x[None], w, gs), ValueError, r"lhs must be \(M, K\)"),
         ("scaled_ragged_dot", "contracting", lambda: srd(x[:, :16], w, gs), ValueError, "contracting sizes differ"),
-        ("scaled_ragged_dot", "sizes-dtype", lambda: srd(x, w, gs.astype(np.float32)), TypeError, "dtype int32"),
+        ("scaled_ragged_dot", "sizes-dtype", lambda: srd(x, w, gs.astype(np.float32)), TypeError, "an integer dtype"),
         ("scaled_ragged_dot", "sizes-count", lambda: srd(x, w, gs[:1]), ValueError, "2 groups"),
         ("scaled_ragged_dot", "format-unknown", lambda: srd(x, w, gs, format="MXFP6"), ValueError,
          "unknown format 'MXFP6'"),
@@ -143,8 +154,8 @@ def _bad_inputs():
          "x must be float32"),
         ("quantize_grouped", "axis", lambda: qgr(x, gx.MXFP8_E4M3, gs, axis=2), ValueError, "axis 2 is out of range"),
         ("quantize_grouped", "axis-type", lambda: qgr(x, gx.MXFP8_E4M3, gs, axis=0.0), TypeError, "axis must be"),
-        ("quantize_grouped", "sizes-dtype", lambda: qgr(x, gx.MXFP8_E4M3, gs.astype(np.int16), axis=0), TypeError,
-         "dtype int32"),
+        ("quantize_grouped", "sizes-dtype", lambda: qgr(x, gx.MXFP8_E4M3, gs.astype(np.float16), axis=0), TypeError,
+         "an integer dtype"),
         ("quantize_grouped", "format-unknown", lambda: qgr(x, "MXFP6", gs, axis=0), ValueError,
          "unknown format 'MXFP6'"),
         ("quantize_grouped", "format-type", lambda: qgr(x, 6, gs, axis=0), TypeError, "format must be"),
@@ -164,7 +175,7 @@ def _bad_inputs():
         ("quantize_grouped", "backend-not-here", lambda: qgr(x, gx.MXFP8_E4M3, gs, axis=0, backend="cuda"),
          gx.UnsupportedError, "backend 'cuda' cannot run here"),
         ("dequantize_grouped", "not-grouped", lambda: dqg(q, gs), TypeError, "GroupedBlockScaledArray"),
-        ("dequantize_grouped", "sizes-dtype", lambda: dqg(qg, gs.astype(np.uint32)), TypeError, "dtype int32"),
+        ("dequantize_grouped", "sizes-dtype", lambda: dqg(qg, gs.astype(bool)), TypeError, "an integer dtype"),
         ("dequantize_grouped", "sizes-count", lambda: dqg(qg, gs[:1]), ValueError, "2 groups"),
         ("dequantize_grouped", "dtype", lambda: dqg(qg, gs, np.int32), TypeError, "dtype must be"),
         ("dequantize_grouped", "dtype-name", lambda: dqg(qg, gs, "float8"), TypeError, "dtype must be"),
@@ -172,7 +183,7 @@ def _bad_inputs():
         ("dequantize_grouped", "backend-not-here", lambda: dqg(qg, gs, backend="cuda"), gx.UnsupportedError,
          "backend 'cuda' cannot run here"),
         ("ragged_dot", "lhs-array", lambda: rd(x, qw, gs), TypeError, "lhs must be a BlockScaledArray"),
-        ("ragged_dot", "sizes-dtype", lambda: rd(q, qw, gs.astype(np.float32)), TypeError, "dtype int32"),
+        ("ragged_dot", "sizes-dtype", lambda: rd(q, qw, gs.astype(np.float32)), TypeError, "an integer dtype"),
         ("ragged_dot", "out-dtype", lambda: rd(q, qw, gs, preferred_element_type=np.int32), TypeError,
          "preferred_element_type"),
         ("ragged_dot", "backend-not-here", lambda: rd(q, qw, gs, backend="hopper"), gx.UnsupportedError,

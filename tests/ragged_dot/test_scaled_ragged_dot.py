@@ -120,12 +120,9 @@ def test_export_serialized_round_trip():
 # global scale (formats/reference.py `tensor_amax_bits`: `a.size > chunk` on a symbolic size).
 # (The grouped dots' scale-range check, dot/scale_range.py `in_window`, takes a symbolic K since
 # issue 34 finding 2.) Strict: remove the mark when it exports.
-_STATIC_M = "needs a static M outside the grouped dot's own code (formats/reference.py)"
-
-
 @pytest.mark.parametrize("fmt", [(gx.FP8_1x128, gx.FP8_128x128),
                                  gx.MXFP8_E4M3,
-                                 pytest.param(gx.NVFP4, marks=pytest.mark.xfail(strict=True, reason=_STATIC_M))],
+                                 gx.NVFP4],  # its default global scale's amax pass: symbolic since 2026-11-28
                          ids=["deepseek", "mxfp8", "nvfp4"])
 def test_gradient_exports_with_a_symbolic_token_count(fmt):
     """Issue 34: the forward exported with a symbolic M and the gradient did not (the weight
@@ -143,3 +140,54 @@ def test_gradient_exports_with_a_symbolic_token_count(fmt):
     for rows, sizes in ((M, SIZES), (37, np.array([5, 0, 30, 2, 0], np.int32))):
         x, s = rand(rows, (rows, K)), jnp.asarray(sizes)
         _same(exported.call(x, w, s), jax.jit(step)(x, w, s))
+
+
+# --------------------------------------------------------------------------- result dtypes (drop-in)
+_enable_x64 = jax.enable_x64 if hasattr(jax, "enable_x64") else jax.experimental.enable_x64
+
+
+def _lax_pair(x, w, gs, pet):
+    dn = (((1,), (0,)), ((), ()))
+    return ((gx.scaled_ragged_dot(x, w, gs, preferred_element_type=pet),
+             jax.lax.ragged_dot(x, w, gs, preferred_element_type=pet)),
+            (gx.scaled_dot_general(x, w[0], dn, preferred_element_type=pet),
+             jax.lax.dot_general(x, w[0], dn, preferred_element_type=pet)))
+
+
+@pytest.mark.parametrize("x64", [False, True], ids=["x32", "x64"])
+def test_result_and_gradient_dtypes_are_lax_s(x64):
+    """The two drop-ins return what lax.ragged_dot / lax.dot_general return for every operand
+    dtype pair and preferred_element_type: float16 x bfloat16 is bfloat16 there (jax's rule, not
+    promote_types'), float64 (x64) is float64 (computed in float32, cast exactly); gradients
+    have the operands' dtypes; int64 sizes (NumPy's and x64 code's default) are taken."""
+    with _enable_x64(x64):
+        dts = [jnp.float16, jnp.bfloat16, jnp.float32] + ([jnp.float64] if x64 else [])
+        gs = np.array([24, 8])  # int64 under x64
+        for a in dts:
+            for b in dts:
+                for pet in [None, jnp.float32, jnp.bfloat16] + ([jnp.float64] if x64 else []):
+                    x, w = jax.ShapeDtypeStruct((40, 128), a), jax.ShapeDtypeStruct((2, 128, 16), b)
+                    for ours, theirs in jax.eval_shape(lambda x, w, p=pet: _lax_pair(x, w, gs, p), x, w):
+                        assert ours.dtype == theirs.dtype and ours.shape == theirs.shape, (a, b, pet)
+        x = jax.random.normal(jax.random.key(0), (40, 128), dts[-1])
+        w = jax.random.normal(jax.random.key(1), (2, 128, 16), dts[-1])
+        y = gx.scaled_ragged_dot(x, w, gs)
+        want = jax.lax.ragged_dot(x, w, jnp.asarray(gs, jnp.int32))
+        assert y.dtype == want.dtype and float(jnp.max(jnp.abs(y - want))) < 0.1 * float(jnp.max(jnp.abs(want)))
+        grads = jax.grad(lambda x, w: gx.scaled_ragged_dot(x, w, gs).sum(), argnums=(0, 1))(x, w)
+        assert [g.dtype for g in grads] == [x.dtype, w.dtype]
+
+
+def test_a_second_derivative_is_refused_as_what_it_is():
+    """jax.hessian reaches quantize inside the forward rule (jvp of the vjp): the error names the
+    op called and says it is differentiable once in reverse mode, not quantize's advice."""
+    x = jax.random.normal(jax.random.key(0), (40, 64))
+    w = jax.random.normal(jax.random.key(1), (2, 64, 16))
+    gs = jnp.array([20, 20], jnp.int32)
+    for name, f in (("scaled_ragged_dot", lambda x: jnp.sum(gx.scaled_ragged_dot(x, w, gs) ** 2)),
+                    ("scaled_dot_general", lambda x: jnp.sum(gx.scaled_dot_general(x, w[0], (((1,), (0,)), ((), ())))
+                                                             ** 2))):
+        with pytest.raises(TypeError, match=rf"^{name}: differentiable once, in reverse mode") as e:
+            jax.hessian(f)(x)
+        assert "straight-through" not in str(e.value)
+        assert jax.jacrev(f)(x).shape == x.shape  # first order, reverse mode
