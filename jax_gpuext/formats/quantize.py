@@ -254,7 +254,9 @@ def _check_parts(data, scale, global_scale, fmt, axis, what: str):
     if tuple(scale.shape) != expected:
         raise ValueError(f"{what}: scale of {fmt.name} data {jnp.dtype(data.dtype).name}{list(shape)} "
                          f"(axis {ax}) must have shape {list(expected)}, got "
-                         f"{jnp.dtype(scale.dtype).name}{list(scale.shape)}")
+                         f"{jnp.dtype(scale.dtype).name}{list(scale.shape)} (the block axis is counted from "
+                         "the end, which leading batch dimensions keep; an array returned by jax.vmap with "
+                         "out_axes other than 0 has its batch dimension inside: return it with out_axes=0)")
     if not fmt.has_global_scale:
         if global_scale is not None:
             raise ValueError(f"{what}: {fmt.name} has no global scale; global_scale must be None, got "

@@ -395,3 +395,13 @@ def test_bad_public_arguments_are_refused_on_every_backend(name, call, exc, matc
 def test_scaled_dot_general_checks_the_backend_name_first():
     with pytest.raises(ValueError, match="scaled_dot_general: backend must be 'auto' or one of"):
         gx.scaled_dot_general(X, X, DN, backend=3)
+
+
+def test_a_vmapped_array_with_its_batch_axis_inside_says_so():
+    """jax.vmap(quantize, out_axes=1) rebuilds the array without validation (JAX's unflatten);
+    the first op that checks it names the cause: the block axis counts from the end."""
+    import jax_gpuext as gx
+
+    q = jax.vmap(lambda v: gx.quantize(v, gx.MXFP8_E4M3, axis=0), out_axes=1)(jnp.ones((3, 64, 5)))
+    with pytest.raises(ValueError, match=r"must have shape .*out_axes other than 0.*out_axes=0"):
+        gx.dequantize(q)
