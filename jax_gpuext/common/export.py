@@ -54,15 +54,29 @@ def register_array_serialization(cls, name: str, formats: dict) -> None:
                              f"{aux.get('version')!r}, format {aux.get('format')!r}; known formats {sorted(formats)})")
         return (formats[aux["format"]], *aux["ints"])
 
-    try:
+    def register():
         _export.register_pytree_node_serialization(cls, serialized_name=name, serialize_auxdata=serialize,
                                                    deserialize_auxdata=deserialize)
+
+    try:
+        register()
     except ValueError as e:
         # The module ran again (importlib.reload, an autoreloading notebook, a test that imports
-        # each module afresh): jax refuses a second registration of the name, and keeps the first
-        # class's. Anything else (another class taking our name) is a real conflict.
+        # each module afresh): jax refuses a second registration of the name and would keep the
+        # old class, so the new class's arrays could not be serialized. The old class's entries are
+        # taken out of jax's two registries (not public: where they are not found, the old
+        # registration stays) and the new class registered. Another class taking our name is a
+        # real conflict.
         if f"{cls.__module__}.{cls.__qualname__}" not in str(e):
             raise
+        try:
+            from jax._src.export import _export as registries
+            by_type, by_name = registries.serialization_registry, registries.deserialization_registry
+        except (ImportError, AttributeError):
+            return
+        old = by_name.pop(name, (None,))[0]
+        by_type.pop(old, None)
+        register()
 
 
 # --------------------------------------------------------------------------- lowering for another platform

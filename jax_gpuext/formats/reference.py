@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import export as _export  # a submodule jax 0.7 does not import by itself
 from jax import lax
 
 I32, U32 = jnp.int32, jnp.uint32
@@ -216,7 +216,7 @@ def block_length(block: int, k) -> int:
     """Elements per block along an axis of length ``k``: ``block``, or ``k`` when the axis is one
     partial block (no padding needed; zeros would change nothing). A symbolic ``k`` (jax.export
     with a symbolic dimension) cannot be compared with the block: the whole block then, padded."""
-    return min(block, k) if jax.core.is_constant_dim(k) else block
+    return block if _export.is_symbolic_dim(k) else min(block, k)  # public in jax 0.7-0.12
 
 
 def tensor_amax_bits(x, finite_only: bool):
@@ -237,7 +237,7 @@ def tensor_amax_bits(x, finite_only: bool):
     chunk = TENSOR_AMAX_CHUNK[0] * TENSOR_AMAX_CHUNK[1]
     # smaller tensors (many, under vmap) take one reduction; so does a symbolic size (jax.export),
     # whose padding to whole chunks could not be proved a multiple of them
-    if jax.core.is_constant_dim(a.size) and a.size > chunk:
+    if not _export.is_symbolic_dim(a.size) and a.size > chunk:
         a = jnp.pad(a, (0, -a.size % chunk)).reshape((-1,) + TENSOR_AMAX_CHUNK)
         a = jnp.max(a, axis=1, initial=raw(0))
     m = a.reshape(-1)

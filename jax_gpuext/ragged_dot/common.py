@@ -257,7 +257,8 @@ class GroupedBlockScaledArray:
     produced them before they were gathered into ``data``. The weight-gradient kernel reads that
     layout; handing it over spares two passes over the codes (docs/design.md, "The weight
     gradient's operand passes"). Whatever is not the kernel ignores it (and XLA drops ``data``'s
-    gather when nothing reads it). Rebuilt arrays (``tree_unflatten`` with three children) have none.
+    gather when nothing reads it). jax's rebuilds keep it; ours from three children (code that
+    replaces the codes) drop it.
     """
 
     def __init__(self, data, scale, global_scale, format, axis: int, groups: int):

@@ -214,3 +214,28 @@ def test_symbolic_batch_exports_and_gives_the_same_bits(case):
         for got, want in zip(jax.tree_util.tree_leaves(exp.call(x)), jax.tree_util.tree_leaves(jax.jit(f)(x))):
             assert got.shape == want.shape and got.dtype == want.dtype
             np.testing.assert_array_equal(_bits(got), _bits(want))
+
+
+def test_serialization_follows_a_reimported_package(tmp_path):
+    """A package imported afresh (reload, autoreload) has new array classes: their arrays still
+    serialize, and deserialize as the new class (jax keeps one registration per name)."""
+    code = textwrap.dedent("""
+        import sys, warnings
+        # nothing of ours on a deprecated jax name (jax.core.is_constant_dim was, and is gone in jax 0.12)
+        warnings.filterwarnings("error", category=DeprecationWarning, module="jax_gpuext")
+        import jax, jax.numpy as jnp
+        import jax_gpuext as first
+        for m in [m for m in sys.modules if m.startswith("jax_gpuext") and m.count(".") and
+                  m not in ("jax_gpuext._cpu", "jax_gpuext._cuda", "jax_gpuext._nvshmem")] + ["jax_gpuext"]:
+            del sys.modules[m]
+        import jax_gpuext as gx
+        assert gx.BlockScaledArray is not first.BlockScaledArray
+        x = jnp.ones((8, 64))
+        exp = jax.export.export(jax.jit(lambda v: gx.quantize(v, gx.MXFP8_E4M3)),
+                                disabled_checks=gx.export_disabled_checks())(x)
+        q = jax.export.deserialize(exp.serialize()).call(x)
+        assert type(q) is gx.BlockScaledArray, type(q)
+        print("ok")
+        """)
+    r = _run(code)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
