@@ -52,6 +52,9 @@ import sys as _sys  # noqa: E402
 for _name in _sys.modules["jax_gpuext.ragged_dot"].__all__:  # the subpackage (the attribute is the op)
     if _name != "ragged_dot":
         setattr(ragged_dot, _name, getattr(_sys.modules["jax_gpuext.ragged_dot"], _name))
+# and its submodules: `import jax_gpuext.ragged_dot.grouped as g` looks them up as attributes
+for _name in [m for m in _sys.modules if m.startswith("jax_gpuext.ragged_dot.") and m.count(".") == 2]:
+    setattr(ragged_dot, _name.rsplit(".", 1)[1], _sys.modules[_name])
 del _name, _sys
 
 __version__ = "0.1.0"

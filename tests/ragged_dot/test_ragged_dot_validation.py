@@ -97,6 +97,9 @@ def test_the_grouped_names_errors_recommend_are_reachable():
         assert getattr(gx.ragged_dot, name) is getattr(package, name), name
     for name in ("RAGGED_M", "RAGGED_M_NK", "RAGGED_CONTRACT", "quantize_grouped", "dequantize_grouped"):
         assert getattr(gx, name) is getattr(package, name) and name in gx.__all__, name
+    import jax_gpuext.ragged_dot.grouped as grouped_module  # resolved through attributes of the op
+    import sys
+    assert grouped_module is sys.modules["jax_gpuext.ragged_dot.grouped"]
     x = np.ones((M, K), np.float32)
     q, qw = gx.quantize(x, gx.FP8_1x128), gx.quantize(np.ones((G, K, N), np.float32), gx.FP8_128x128)
     with pytest.raises(TypeError, match=r"jax_gpuext\.RAGGED_M ") as e:
