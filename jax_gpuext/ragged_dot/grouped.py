@@ -63,6 +63,15 @@ def _take(x, rows, valid, axis: int):
     return lax.optimization_barrier(out).astype(_FP4) if fp4 else out
 
 
+def _transposed(x):
+    """x.T, bit for bit; float4 moved as float32 and converted back after an optimization barrier
+    (the reason is ``_take``'s: jaxlib 0.7's CPU compiler miscompiles fusions that produce 4-bit
+    elements; a jitted transpose of float4 codes crashed it)."""
+    if jnp.dtype(x.dtype) != _FP4:
+        return x.T
+    return lax.optimization_barrier(lax.optimization_barrier(x.astype(jnp.float32)).T).astype(_FP4)
+
+
 def _axis(axis, ndim: int, shape, what: str) -> int:
     if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
         raise TypeError(f"{what}: axis must be an int, got {type(axis).__name__} {axis!r}")
@@ -128,8 +137,8 @@ def quantize_tokens_for_wgrad(x, fmt, group_sizes, *, tokens_last: bool, backend
                          f"{tuple(x.shape)}")
     q, padded = _quantize_padded(x, fmt, group_sizes, 0, None, None, backend, what)
     if tokens_last:  # (X, M) along axis 1: the codes and the (blocks, X) scales transposed
-        q = common.GroupedBlockScaledArray(q.data.T, q.scale.T, q.global_scale, fmt, 1, q.groups)
-    q.slot_data = padded.data.T
+        q = common.GroupedBlockScaledArray(_transposed(q.data), q.scale.T, q.global_scale, fmt, 1, q.groups)
+    q.slot_data = _transposed(padded.data)
     return q
 
 
