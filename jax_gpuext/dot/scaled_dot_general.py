@@ -17,9 +17,8 @@ from jax import lax
 from jax_gpuext import formats
 from jax_gpuext.common import backends, export
 from jax_gpuext.dot.block_scaled_dot import block_scaled_dot
+from jax_gpuext.dot.common import OP, _OUT_DTYPES, _parse_dimension_numbers, format_info, result_dtype
 from jax_gpuext.formats.quantize import first_order_only
-from jax_gpuext.dot import common as dot_common
-from jax_gpuext.dot.common import OP, _OUT_DTYPES, _parse_dimension_numbers, format_info
 
 
 # --------------------------------------------------------------------------- public: scaled_dot_general
@@ -223,7 +222,7 @@ def scaled_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_el
     if [lhs.shape[d] for d in lb] != [rhs.shape[d] for d in rb]:
         raise ValueError(f"{what}: batch sizes differ: lhs {lhs.shape} dims {lb} vs rhs {rhs.shape} dims {rb}")
     # lax.dot_general's result dtype; float64 (x64 inputs, or asked for) computed in float32
-    result, out_dtype = dot_common.result_dtype(lhs.dtype, rhs.dtype, preferred_element_type, _OUT_DTYPES, what)
+    result, out_dtype = result_dtype(lhs.dtype, rhs.dtype, preferred_element_type, _OUT_DTYPES, what)
     # The quantized axis is the contracting dims flattened (jax.nn's canonicalisation): lhs's in
     # ascending order, rhs's in the order that pairs them with lhs's (jax.nn sorts rhs's too,
     # which is the same order whenever the pairing is monotone). Batch dims in dimension-number

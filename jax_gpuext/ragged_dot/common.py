@@ -413,11 +413,8 @@ def check_group_sizes(group_sizes, what: str):
         raise ValueError(f"{what}: group_sizes must have shape (G,), got {tuple(group_sizes.shape)}")
     if dtype != jnp.int32:
         top = np.iinfo(np.int32).max
-        wide = jnp.iinfo(dtype).max > top
-        if jnp.issubdtype(dtype, jnp.signedinteger) and jnp.iinfo(dtype).min < -top:
+        if jnp.iinfo(dtype).max > top:  # wider than int32 (a negative size already means 0)
             group_sizes = jnp.clip(group_sizes, 0, top)
-        elif wide:
-            group_sizes = jnp.minimum(group_sizes, top)
         group_sizes = group_sizes.astype(jnp.int32)
     return group_sizes
 
