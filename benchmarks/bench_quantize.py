@@ -17,6 +17,10 @@ device-to-device copy measured in the same run (read + write): a cudaMemcpyAsync
 the first two are also timed by the old loop (``timing: "loop"`` rows, left out of the best copy):
 what the loop's own per-iteration cost did to the earlier results.
 
+The weight gradient's operands (op ``quantize_token_slots``: x quantized along the tokens into
+the padded slot layout the grouped weight-gradient kernel reads) on the one-pass kernel and on the
+three passes it replaces, same bytes counted, after the dtype rows.
+
 Targets. Issue 35 (``targets``, judged on every row of our kernels): every quantize (every
 format, per-tensor FP8's amax pass and NVFP4's global-scale pass included, both axes, every input
 dtype timed) and every dequantize >= 85% of the copy; the fused two-axis quantize >= 80%, all its
@@ -320,6 +324,45 @@ class Bench:
         self._group(deq_jobs)
         del x, outputs, quant_jobs, deq_jobs
 
+    def wgrad_rows(self):
+        """The weight gradient's operands (op quantize_token_slots, jax_gpuext/ragged_dot/token_slots.py):
+        the plan's x as M tokens x X features in 64 Zipf-skewed groups (a quarter empty), FP8_1x128
+        along the tokens into the padded slot layout, on the one-pass kernel (``cuda``) and the three
+        passes it replaces (``composed``). Both rows count the same useful bytes (x read once, the
+        slot codes and scales written), so their fractions of the copy compare directly; the
+        kernel's target is the copy's (~3 B an element at bf16), the composed path's floor ~9 B."""
+        import jax
+        import jax.numpy as jnp
+        import numpy as np
+
+        import jax_gpuext as gx
+        from jax_gpuext.ragged_dot import common, grouped, token_slots
+
+        shape = self.plan["shape"]
+        m, cols = shape
+        x = jax.jit(lambda k: jax.random.normal(k, shape, jnp.float32).astype(jnp.bfloat16))(jax.random.key(3))
+        rng = np.random.default_rng(0)
+        w = 1.0 / np.arange(1, 65) ** 1.2
+        rng.shuffle(w)
+        w[rng.choice(64, 16, replace=False)] = 0
+        sizes = np.floor(w / w.sum() * m).astype(np.int64)
+        sizes[np.argmax(w)] += m - sizes.sum()
+        gs = jnp.asarray(sizes.astype(np.int32))
+        nblocks = common.grouped_block_count(m, 64, 128)
+        moved = _buffer_bytes(x, self.platform) + cols * 128 * nblocks + 4 * nblocks * cols
+        jobs = []
+        # the new kernel last: were it to trap, no other row of the run is lost
+        for backend in ["composed"] + (["cuda"] if "cuda" in self.backends else []):
+            def op(v, s, b=backend):
+                q = grouped.quantize_tokens_for_wgrad(v, gx.FP8_1x128, s, tokens_last=False, backend=b)
+                return q.slot_data, q.scale  # what the weight-gradient kernel reads
+
+            meta = {"op": token_slots.OP, "backend": backend, "format": "FP8_1x128", "variant": "64 skewed groups",
+                    "dtype": "bfloat16", "shape": list(shape), "axis": 0, "passes_over_x": 1}
+            jobs.append((meta, op, (x, gs), moved))
+        self._group(jobs)
+        del x
+
     def _deq_source(self, meta) -> bool:
         """Is this quantize row's result dequantized in the next group?"""
         return (meta["op"] == "quantize" and meta["backend"] in self.backends and meta["variant"] != "NVFP4+amax"
@@ -503,6 +546,12 @@ def main(argv=None) -> int:
             if m.get("gbps") is not None:
                 m["fraction_of_copy"] = m["gbps"] / copy_bw
         save()
+    if bench.deadline.allows("the weight gradient's operands (quantize_token_slots)", bench._chunk_s):
+        bench.wgrad_rows()
+        for m in bench.measurements:
+            if m.get("gbps") is not None:
+                m["fraction_of_copy"] = m["gbps"] / copy_bw
+        save()
     result["rows"], result["xla_rows"] = _headline(bench.measurements, kernel, plan["dtypes"][0], copy_bw)
     result["targets"] = _targets(bench.measurements, kernel)
     # faster than the best copy is not physical: the op was not timed whole (the loop: an XLA that
@@ -550,6 +599,10 @@ def main(argv=None) -> int:
         print(f"  {r['format']} xla: {r['fraction_of_copy']:.0%} of copy"
               + (f", jax.nn {r['jax_nn_over_xla']:.2f}x its time" if r["jax_nn_over_xla"] else "") + ": "
               + ("n/a" if r["meets_target"] is None else "met" if r["meets_target"] else "MISSED"))
+    slots = {m["backend"]: m for m in bench.measurements if m["op"] == "quantize_token_slots" and "time_us" in m}
+    if slots:
+        print("\nthe weight gradient's operands (one-pass kernel vs the three passes; useful bytes / time): "
+              + ", ".join(f"{b} {r['time_us']:.0f} us, {r['fraction_of_copy']:.0%} of copy" for b, r in slots.items()))
     for n in bench.notes:
         print(f"- {n}")
     return 0

@@ -44,9 +44,10 @@ of those rows (and ``auto``'s training step), then the models' shapes. ``--time-
 tail.
 
 The hopper kernel's cells follow its GPU tests per feature (``--hopper-tests``: gpu_run.sh's junit
-file of tests/ragged_dot/test_ragged_dot_hopper.py; ``hopper_features``): the forward is timed when
-the forward's tests (feature fp8_blockwise, the dgrad's included) passed, the training step when
-the weight gradient's (wgrad) passed too; a failed test of the whole component, or a test of theirs
+file of tests/ragged_dot/test_ragged_dot_hopper.py and test_token_slots.py; ``hopper_features``):
+the forward is timed when the forward's tests (feature fp8_blockwise, the dgrad's included) passed,
+the training step when the weight gradient's (wgrad) and the one-pass operand kernel's
+(formats.cuda token_slots) passed too; a failed test of the whole component, or a test of theirs
 the step's bound cut off (it may hang), keeps them out.
 """
 
@@ -111,57 +112,67 @@ def group_sizes(kind: str, g: int, m: int, seed: int = 0) -> np.ndarray:
 
 
 HOPPER_COMPONENT = "ragged_dot.hopper"
-# What each of the kernel's cells runs, as features of its GPU tests (tests/ragged_dot/
-# test_ragged_dot_hopper.py's verifies markers): the forward; the training step's forward, dgrad
-# (tested as fp8_blockwise) and weight gradient.
-HOPPER_CELL_FEATURES = {"forward": ("fp8_blockwise",), "train": ("fp8_blockwise", "wgrad")}
+# What each of the kernel's cells runs, as (component, feature) of its GPU tests (the verifies
+# markers of tests/ragged_dot/test_ragged_dot_hopper.py and test_token_slots.py, both in gpu_run.sh's
+# tests_ragged_hopper step): the forward; the training step's forward, dgrad (tested as
+# fp8_blockwise), weight gradient, and the one-pass kernel that quantizes its operands.
+HOPPER_CELL_FEATURES = {
+    "forward": ((HOPPER_COMPONENT, "fp8_blockwise"),),
+    "train": ((HOPPER_COMPONENT, "fp8_blockwise"), (HOPPER_COMPONENT, "wgrad"), ("formats.cuda", "token_slots")),
+}
 
 
 def hopper_features(junit: str) -> dict[str, str | None]:
-    """{"forward": None or why not, "train": ...}: whether the kernel's tests that a cell needs
-    passed, from the junit file of gpu_run.sh's tests_ragged_hopper step.
+    """{"forward": None or why not, "train": ...}: whether the tests that a cell needs passed, from
+    the junit file of gpu_run.sh's tests_ragged_hopper step.
 
-    A feature is fine when its tests passed and none failed, and so did the tests of the whole
-    component (those with no feature: a failure there is every feature's). Every test of theirs the
+    A (component, feature) is fine when its tests passed and none failed, and so did the component's
+    tests of that step with no feature (a failure there is every feature's). Every test of theirs the
     group selected must have finished (the suite's ``verifies_collected_counts``, tests/conftest.py:
     a test the step's bound cut off may hang), as ``verified._blames`` reads a cut group. A junit
     file without the counts: a cut-off test (pytest's nameless record) is of unknown feature, so
     it keeps every cell out."""
     root = ET.parse(junit).getroot()
+    components = {c for feats in HOPPER_CELL_FEATURES.values() for c, _ in feats}
     passed, failed, finished = collections.Counter(), collections.Counter(), collections.Counter()
     counts, interrupted = None, False
     for prop in root.iter("property"):
         if prop.get("name") == "verifies_collected_counts":
-            counts = json.loads(prop.get("value") or "{}").get(HOPPER_COMPONENT, {})
+            recorded = json.loads(prop.get("value") or "{}")
+            counts = {(c, f): n for c in components for f, n in recorded.get(c, {}).items()}
     for tc in root.iter("testcase"):
         if not tc.get("name"):  # pytest's record of the test the step's bound interrupted
             interrupted = True
             continue
         props = [(p.get("name"), p.get("value") or "") for p in tc.iter("property")]
-        if ("verifies", HOPPER_COMPONENT) not in props:
-            continue  # another component's test
-        feature = next((v.split("=", 1)[1] for k, v in props
-                        if k == "verifies_feature" and v.startswith(HOPPER_COMPONENT + "=")), "")
-        finished[feature] += 1
-        if tc.find("failure") is not None or tc.find("error") is not None:
-            failed[feature] += 1
-        elif tc.find("skipped") is None:
-            passed[feature] += 1
+        for component in components:
+            if ("verifies", component) not in props:
+                continue  # another component's test
+            key = (component, next((v.split("=", 1)[1] for k, v in props
+                                    if k == "verifies_feature" and v.startswith(component + "=")), ""))
+            finished[key] += 1
+            if tc.find("failure") is not None or tc.find("error") is not None:
+                failed[key] += 1
+            elif tc.find("skipped") is None:
+                passed[key] += 1
 
-    def why(feature):
-        if failed[""]:
-            return f"{failed['']} test(s) of the whole kernel failed"
-        if failed[feature]:
-            return f"{failed[feature]} of its {feature} tests failed"
+    def why(need):
+        component, feature = need
+        whole = (component, "")
+        name = feature if component == HOPPER_COMPONENT else f"{component} {feature}"
+        if failed[whole]:
+            return f"{failed[whole]} test(s) of the whole {component} failed"
+        if failed[need]:
+            return f"{failed[need]} of its {name} tests failed"
         if counts is not None:
-            for key in ("", feature):
+            for key in (whole, need):
                 if finished[key] < counts.get(key, 0):
-                    return (f"{counts[key] - finished[key]} of its {key or 'whole-kernel'} tests did not finish (the "
-                            "tests step's bound: one may hang)")
+                    return (f"{counts[key] - finished[key]} of its {key[1] or 'whole-component'} tests did not "
+                            "finish (the tests step's bound: one may hang)")
         elif interrupted:
             return "a test of the kernel was cut off at the tests step's bound, which one is unknown (it may hang)"
-        if not passed[feature]:
-            return f"none of its {feature} tests passed"
+        if not passed[need]:
+            return f"none of its {name} tests passed"
         return None
 
     return {cell: next((w for w in map(why, feats) if w), None) for cell, feats in HOPPER_CELL_FEATURES.items()}

@@ -63,12 +63,14 @@ STEPS_2=(
   "env 20 5"
   "install 60 10"
   "info 45 5"
-  "tests_ragged_hopper 150 100"  # the grouped sm_90a kernels (forward, dgrad, wgrad, masked), isolated children
+  "tests_ragged_hopper 180 130"  # the grouped sm_90a kernels (forward, dgrad, wgrad, masked) and the one-pass wgrad
+                                 # operand kernel (~30 s: 12 compiles and 2 training steps), isolated children
   "allreduce_2_plain 150 40 110"  # 2 ranks under MPS, every dtype x op x algorithm x size (measured 16 s)
   "allreduce_2_timeout 90 15 80"  # a missing peer is named within the timeout (measured 11-13 s)
   "allreduce_2_command_buffer 120 20 100"  # measured 6-16 s
   "bench_ragged_dot 100 60"    # forward and training step at issue 30's, DeepSeek-V3's and gpt-oss's shapes
   "memcheck_ragged 90 15"      # memcheck on the grouped kernel's skewed layout (the trap of eff6f45; measured 5 s)
+  "memcheck_token_slots 60 15"  # memcheck on the one-pass wgrad operand kernel fed a hostile block table
   "bench_dot_full 110 50"      # the whole dot table (8192^3 and LLM shapes) and its plot (measured 40 s for 2 shapes)
   "bench_quantize_full 90 50"  # bfloat16, float32 and float16 at 16384^2, and PyTorch's copy beside ours
   "racecheck 75 45"            # compute-sanitizer racecheck on one tiny target (measured 44 s)
@@ -101,6 +103,9 @@ fi
 # The tests after the reorganisation of tests/ by capability, or before it.
 HOPPER_TESTS=$(ls tests/dot/test_hopper_mx.py tests/test_hopper_mx.py 2>/dev/null | head -1)
 RAGGED_HOPPER_TESTS=tests/ragged_dot/test_ragged_dot_hopper.py
+# the one-pass wgrad operand kernel: in the grouped kernels' step, whose junit file the bench reads
+# (its training step runs this kernel too)
+TOKEN_SLOTS_TESTS=tests/ragged_dot/test_token_slots.py
 FORMATS_TESTS=tests/formats/test_formats_gpu.py  # the CUDA quantize kernels: their own step and budget
 ALLREDUCE_TESTS=$(ls tests/collectives/test_allreduce.py tests/test_allreduce.py 2>/dev/null | head -1)
 
@@ -253,11 +258,12 @@ step_command() {
     info) CMD=(bash -c step_info) ;;
     # tests/fuzz has no GPU tests and needs hypothesis, which the GPU image need not have
     tests_main) CMD=(bash -c 'step_pytest main "$REPO/tests" -m "gpu and not multiprocess" --ignore="$REPO/$1" \
-                      --ignore="$REPO/$2" --ignore="$REPO/$3" --ignore="$REPO/tests/fuzz"' _ "$HOPPER_TESTS" \
-                      "$RAGGED_HOPPER_TESTS" "$FORMATS_TESTS") ;;
+                      --ignore="$REPO/$2" --ignore="$REPO/$3" --ignore="$REPO/$4" --ignore="$REPO/tests/fuzz"' _ \
+                      "$HOPPER_TESTS" "$RAGGED_HOPPER_TESTS" "$FORMATS_TESTS" "$TOKEN_SLOTS_TESTS") ;;
     tests_formats) CMD=(bash -c 'step_pytest formats "$REPO/$1" -m gpu' _ "$FORMATS_TESTS") ;;
     tests_hopper_mx) CMD=(bash -c 'step_pytest hopper_mx "$REPO/$1" -m gpu' _ "$HOPPER_TESTS") ;;
-    tests_ragged_hopper) CMD=(bash -c 'step_pytest ragged_hopper "$REPO/$1" -m gpu' _ "$RAGGED_HOPPER_TESTS") ;;
+    tests_ragged_hopper) CMD=(bash -c 'step_pytest ragged_hopper "$REPO/$1" "$REPO/$2" -m gpu' _ "$RAGGED_HOPPER_TESTS" \
+                              "$TOKEN_SLOTS_TESTS") ;;
     bench_ragged_dot)  # the hopper kernel's cells only where its tests passed (per feature: the bench reads them)
       CMD=(bash -c 'step_bench_ragged "$1" "$2"' _ "$limit" "$([ "$RAGGED_HOPPER_OK" = 1 ] || echo skip)") ;;
     bench_quantize) CMD=(bash -c "step_bench bench_quantize --quick --time-limit $limit") ;;
@@ -279,6 +285,7 @@ step_command() {
     bench_dot_full) CMD=(bash -c "step_bench bench_dot --time-limit $limit"' --plot "$WORK/bench_dot.png" ${1:+--skip-backends hopper_mx}' _ "$([ "$HOPPER_MX_OK" = 1 ] || echo skip)") ;;
     memcheck) CMD=(bash -c 'step_sanitizer memcheck') ;;
     memcheck_ragged) CMD=(bash -c 'step_sanitizer memcheck:ragged') ;;
+    memcheck_token_slots) CMD=(bash -c 'step_sanitizer memcheck:token_slots') ;;
     racecheck) CMD=(bash -c 'step_sanitizer racecheck') ;;
     *) echo "no command for step $name" >&2; return 2 ;;
   esac

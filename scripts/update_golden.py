@@ -57,6 +57,13 @@ def _cases():
         formats[f"dequantize_{fmt.name}"] = (lambda v, f=fmt: gx.dequantize(v, jnp.bfloat16, backend="cuda"),
                                              (q((256, 256), fmt),))
 
+    from jax_gpuext.ragged_dot import grouped
+
+    # the weight gradient's operands, one pass (op quantize_token_slots): the table and the gather back
+    formats["token_slots"] = (
+        lambda v, s: grouped.quantize_tokens_for_wgrad(v, gx.FP8_1x128, s, tokens_last=True, backend="cuda"),
+        (jax.ShapeDtypeStruct((300, 264), jnp.bfloat16), jax.ShapeDtypeStruct((5,), jnp.int32)))
+
     def ragged(backend, rhs_contract):
         g, m, k, n = 3, 48, 256, 128
         lhs = q((m, k), gx.FP8_1x128)

@@ -32,6 +32,7 @@
 #include "csrc/formats/block_scaled_cuda.h"
 #include "csrc/formats/block_scaled_cuda_kernels.h"
 #include "csrc/formats/block_scaled_io.h"
+#include "csrc/formats/token_slots_kernel.cuh"
 
 namespace gpuext::formats {
 namespace {
@@ -716,6 +717,41 @@ Status DequantizeCuda(cudaStream_t stream, const DequantizeArgs& a) {
   }
   Dequantize<<<unsigned(Blocks(n, 256)), 256, 0, stream>>>(a, h);
   GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("Dequantize");
+  return Status::Ok();
+}
+
+Status QuantizeTokenSlotsCuda(cudaStream_t stream, const TokenSlotsArgs& a) {
+  const int64_t e = a.in_type == FloatType::kF32 ? 4 : 8;  // elements of a 16-byte piece
+  if (a.m < 0 || a.cols < 0 || a.blocks < 0) return Status::Error("negative size");
+  if (a.cols % e != 0)
+    return Status::Error("the token-slot kernel needs cols % " + std::to_string(e) + " == 0 (16-byte row pieces), got " +
+                         std::to_string(a.cols));
+  if (!Aligned(a.x, 16) || !Aligned(a.data, 16) || !Aligned(a.table, 8))
+    return Status::Error("the token-slot kernel needs 16-byte aligned x and codes, an 8-byte aligned table");
+  if (a.blocks == 0 || a.cols == 0) return Status::Ok();
+  if (a.blocks > (int64_t(1) << 31) - 1) return Status::Error("more than 2^31 - 1 slot blocks");
+  vec::TokenSlotsLaunch L;
+  L.x = a.x;
+  L.table = a.table;
+  L.data = a.data;
+  L.scale = a.scale;
+  L.m = a.m;
+  L.cols = a.cols;
+  L.slots = 128 * a.blocks;
+  L.scale_rounding = a.scale_rounding;
+  bool fits = true;
+  WithKind(a.in_type, [&](auto kc) {
+    constexpr int K = decltype(kc)::value;
+    using S = vec::TokenSlotsShape<K>;
+    const int64_t col_tiles = (a.cols + S::W - 1) / S::W;
+    if (col_tiles > 65535) {
+      fits = false;
+      return;
+    }
+    vec::QuantizeTokenSlotsT<K><<<dim3(unsigned(a.blocks), unsigned(col_tiles), 1u), S::kThreads, 0, stream>>>(L);
+  });
+  if (!fits) return Status::Error("more than 65535 column tiles (cols too large for the token-slot kernel's grid)");
+  GPUEXT_CUDA_RETURN_IF_LAUNCH_ERROR("QuantizeTokenSlotsT");
   return Status::Ok();
 }
 

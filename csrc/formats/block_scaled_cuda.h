@@ -18,6 +18,23 @@ Status DequantizeCuda(cudaStream_t stream, const DequantizeArgs& args);
 Status QuantizeBothAxesCuda(cudaStream_t stream, const QuantizeArgs& last, const QuantizeArgs& second,
                             bool* fused = nullptr);
 
+// The weight gradient's operands (jax_gpuext/ragged_dot/grouped.py, quantize_tokens_for_wgrad): x
+// [m, cols] (tokens first) in FP8_1x128 along the tokens, blocks restarting at each group, written
+// into the padded slot layout transposed: codes [cols, 128 * blocks] E4M3, scales [blocks, cols]
+// fp32; slot block j holds rows table[2j] .. table[2j] + table[2j + 1] - 1 of x (at most 128; zeros
+// after). One pass (csrc/formats/token_slots_kernel.cuh). cols % 8 (16-bit x) or % 4 (f32) == 0 and
+// 16-byte aligned buffers, else an error (the caller's gate sends no other).
+struct TokenSlotsArgs {
+  FloatType in_type = FloatType::kBF16;
+  const void* x = nullptr;
+  const int32_t* table = nullptr;
+  int64_t m = 0, cols = 0, blocks = 0;
+  int32_t scale_rounding = kRoundUp;
+  void* data = nullptr;
+  void* scale = nullptr;
+};
+Status QuantizeTokenSlotsCuda(cudaStream_t stream, const TokenSlotsArgs& args);
+
 // Kernel-only timing (issue 35, round 2; docs/design.md): the device time of the launchers above on
 // buffers of their own, CUDA events around `reps` back-to-back calls (best of `rounds`), beside a
 // device-to-device cudaMemcpyAsync of x timed the same way in the same process -- no XLA program, no

@@ -56,4 +56,13 @@ GPUEXT_HD constexpr int PieceOf(int warp, int lane) {
   return (warp / S::kCtaT) * 32 + lane;
 }
 
+// The token-slot kernel (token_slots_kernel.cuh) stages each column's 128 codes as one 128-byte line
+// of eight 16-byte slots, run r (tokens 16 r .. 16 r + 15) in slot TokenSlot(r, line): the 8 lanes of a
+// quarter-warp store 8 consecutive pieces' lines (piece = line / E) at once, and the XOR with the
+// piece puts them in 8 different bank groups. Its own inverse: TokenSlot(TokenSlot(r, l), l) == r.
+template <int E>
+GPUEXT_HD constexpr int TokenSlot(int run, int line) {
+  return run ^ ((line / E) & 7);
+}
+
 }  // namespace gpuext::formats::cols

@@ -1,5 +1,5 @@
-// CUDA handlers gpuext_quantize / gpuext_dequantize / gpuext_quantize_both_axes: decode, validate,
-// launch csrc/formats kernels.
+// CUDA handlers gpuext_quantize / gpuext_dequantize / gpuext_quantize_both_axes /
+// gpuext_quantize_token_slots: decode, validate, launch csrc/formats kernels.
 // Command-buffer compatible: the same launches every time, no allocation, no host state.
 #include <cuda_runtime_api.h>
 #include <nanobind/nanobind.h>
@@ -46,6 +46,40 @@ ffi::Error QuantizeBothAxesImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyB
   GPUEXT_FFI_ASSIGN_OR_RETURN(
       second, DecodeQuantize(x, global_scale, *data_second, *scale_second, format, -2, scale_rounding, fp4_packed));
   GPUEXT_FFI_RETURN_IF_ERROR(QuantizeBothAxesCuda(stream, last, second));
+  return ffi::Error::Success();
+}
+
+// The weight gradient's operands (jax_gpuext/ragged_dot/grouped.py, quantize_tokens_for_wgrad):
+//   x      (M, X)              float32 | bfloat16 | float16   tokens first; X % 8 (16-bit) or % 4 (f32) == 0
+//   table  (blocks, 2)         int32   slot block j: first row, row count (<= 128); any values are safe
+//   -> data (X, 128 * blocks)  float8_e4m3fn   FP8_1x128 codes along the tokens, padded slot layout
+//      scale (blocks, X)       float32
+// Every shape is checked against x and the table; the kernel clamps the table's rows to x.
+ffi::Error QuantizeTokenSlotsImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> table,
+                                  ffi::Result<ffi::AnyBuffer> data, ffi::Result<ffi::AnyBuffer> scale) {
+  NvtxRange range("gpuext_quantize_token_slots");
+  GPUEXT_COUNT_EXECUTE("gpuext_quantize_token_slots", stream);
+  TokenSlotsArgs a;
+  GPUEXT_FFI_ASSIGN_OR_RETURN(a.in_type, FloatTypeOf(x.element_type(), "x"));
+  const auto xd = x.dimensions(), td = table.dimensions(), dd = data->dimensions(), sd = scale->dimensions();
+  GPUEXT_FFI_CHECK(xd.size() == 2, "x must be (tokens, features), got " + DimsString(xd));
+  GPUEXT_FFI_CHECK(td.size() == 2 && td[1] == 2, "table must be (blocks, 2), got " + DimsString(td));
+  a.m = xd[0];
+  a.cols = xd[1];
+  a.blocks = td[0];
+  GPUEXT_FFI_CHECK(data->element_type() == ffi::DataType::F8E4M3FN && dd.size() == 2 && dd[0] == a.cols &&
+                       dd[1] == 128 * a.blocks,
+                   "codes must be float8_e4m3fn[" + std::to_string(a.cols) + ", " + std::to_string(128 * a.blocks) +
+                       "], got " + BufferString(*data));
+  GPUEXT_FFI_CHECK(scale->element_type() == ffi::DataType::F32 && sd.size() == 2 && sd[0] == a.blocks &&
+                       sd[1] == a.cols,
+                   "scales must be float32[" + std::to_string(a.blocks) + ", " + std::to_string(a.cols) + "], got " +
+                       BufferString(*scale));
+  a.x = x.untyped_data();
+  a.table = table.typed_data();
+  a.data = data->untyped_data();
+  a.scale = scale->untyped_data();
+  GPUEXT_FFI_RETURN_IF_ERROR(QuantizeTokenSlotsCuda(stream, a));
   return ffi::Error::Success();
 }
 
@@ -196,6 +230,18 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(GpuextDequantizeCuda, gpuext::formats::DequantizeI
                                   .Attr<int32_t>("fp4_packed"),
                               {xla::ffi::Traits::kCmdBufferCompatible});
 
+// kCmdBufferCompatible: one launch on the given stream, its grid fixed by the shapes; the table is read
+// on the device; no host state.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GpuextQuantizeTokenSlotsCuda, gpuext::formats::QuantizeTokenSlotsImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>(),
+                              {xla::ffi::Traits::kCmdBufferCompatible});
+
 GPUEXT_REGISTER_FFI_TARGET("gpuext_quantize", GpuextQuantizeCuda);
+GPUEXT_REGISTER_FFI_TARGET("gpuext_quantize_token_slots", GpuextQuantizeTokenSlotsCuda);
 GPUEXT_REGISTER_FFI_TARGET("gpuext_dequantize", GpuextDequantizeCuda);
 GPUEXT_REGISTER_FFI_TARGET("gpuext_quantize_both_axes", GpuextQuantizeBothAxesCuda);

@@ -62,6 +62,7 @@ COMPONENTS = {
 BACKENDS = {
     ("quantize", "cuda"): ("formats.cuda",),
     ("dequantize", "cuda"): ("formats.cuda",),
+    ("quantize_token_slots", "cuda"): ("formats.cuda",),  # the weight gradient's operands (ragged_dot/token_slots.py)
     ("block_scaled_dot", "cublaslt"): ("block_scaled_dot.cublaslt",),
     ("block_scaled_dot", "cudnn"): ("block_scaled_dot.cudnn",),
     ("block_scaled_dot", "hopper_mx"): ("block_scaled_dot.hopper_mx",),

@@ -183,18 +183,28 @@ def row_blocks(layout: GroupedLayout) -> tuple[jax.Array, jax.Array]:
     return layout.block_start[seg] + local // layout.block, local % layout.block
 
 
-def slot_rows(layout: GroupedLayout, nblocks: int) -> tuple[jax.Array, jax.Array]:
-    """The padded layout: ``nblocks * block`` slots, block j's slots holding its rows in order. Returns
-    (row of each slot, whether the slot holds a row) ((nblocks * block,) each; unused slots name row 0).
-    Each block's segment is found once (O(nblocks + G)), then its ``block`` slots follow it."""
+def slot_block_rows(layout: GroupedLayout, nblocks: int) -> tuple[jax.Array, jax.Array]:
+    """Block j of the padded layout holds rows first[j] .. first[j] + count[j] - 1 (one segment's,
+    count <= block); returns (first, count), (nblocks,) int32 each, (0, 0) for an unused block.
+    Each block's segment is found once: O(nblocks + G)."""
     b, nseg = layout.block, layout.size.shape[0]
     blk = jnp.arange(nblocks, dtype=jnp.int32)
     seg = count_at_or_below(layout.block_end, nblocks)
     used = seg < nseg
     seg = jnp.minimum(seg, nseg - 1)
-    local = ((blk - layout.block_start[seg]) * b)[:, None] + jnp.arange(b, dtype=jnp.int32)[None, :]
-    valid = used[:, None] & (local < layout.size[seg][:, None])
-    rows = jnp.where(valid, layout.row_start[seg][:, None] + local, 0)
+    local = (blk - layout.block_start[seg]) * b  # the block's first row within its segment
+    count = jnp.where(used, jnp.clip(layout.size[seg] - local, 0, b), 0)
+    return jnp.where(count > 0, layout.row_start[seg] + local, 0), count
+
+
+def slot_rows(layout: GroupedLayout, nblocks: int) -> tuple[jax.Array, jax.Array]:
+    """The padded layout: ``nblocks * block`` slots, block j's slots holding its rows in order. Returns
+    (row of each slot, whether the slot holds a row) ((nblocks * block,) each; unused slots name row 0)."""
+    b = layout.block
+    first, count = slot_block_rows(layout, nblocks)
+    pos = jnp.arange(b, dtype=jnp.int32)[None, :]
+    valid = pos < count[:, None]
+    rows = jnp.where(valid, first[:, None] + pos, 0)
     return rows.reshape(nblocks * b), valid.reshape(nblocks * b)
 
 

@@ -20,7 +20,8 @@ import numpy as np
 from jax import lax
 
 from jax_gpuext import formats
-from jax_gpuext.ragged_dot import common
+from jax_gpuext.common import backends, eager, export
+from jax_gpuext.ragged_dot import common, token_slots
 
 
 def _along(mask, axis: int, ndim: int):
@@ -116,30 +117,54 @@ def _quantize_padded(x, fmt, group_sizes, ax: int, scale_rounding, global_scale,
     return common.GroupedBlockScaledArray(data, q.scale, q.global_scale, fmt, ax, g), q
 
 
-def quantize_tokens_for_wgrad(x, fmt, group_sizes, *, tokens_last: bool, backend: str = "auto"):
+def quantize_tokens_for_wgrad(x, fmt, group_sizes, *, tokens_last: bool, backend: str = "auto",
+                              quantize_backend: str = "auto"):
     """``quantize_grouped`` of the tokens of a 2-D ``x`` (M, X) (tokens first, as x and dy come),
     bit for bit, given back as (X, M) quantized along axis 1 (``tokens_last``) or as (M, X) along
     axis 0, with the codes also kept in the padded slot layout, tokens last ((X, S): the array's
     internal ``slot_data``), which the weight-gradient kernel reads (``hopper.wgrad_operands``).
 
-    The tokens are gathered as whole rows into the slot layout (coalesced reads) and quantized
-    along axis 0 there (quantize's column kernel); the FP8 codes are then transposed once into
-    (X, S). Per element (bf16): gather 2 + 2 B, quantize 2 + 1 B, transpose 1 + 1 B. The compact
-    array (what every other backend reads) is gathered back from the padded codes only where
-    something reads it (XLA drops it otherwise). A 1-D block format's blocks are the same in
-    either orientation, so (X, M) along axis 1 is ``quantize_grouped(x.T, axis=1)`` bit for bit.
-    Made for ``scaled_ragged_dot``'s weight gradient (x^T and dy; docs/design.md, "The weight
-    gradient's operand passes"); not public: ``slot_data`` holds the codes as they were, and an
-    array whose ``data`` is replaced afterwards must not keep it."""
+    ``backend``: op ``quantize_token_slots``'s (``token_slots.py``): ``cuda``, one kernel that
+    reads x once and writes the codes transposed into the slot layout (FP8_1x128, ~3 B an
+    element at bf16), or ``composed``: the rows gathered whole into the slot layout (coalesced),
+    quantized along axis 0 there (``quantize`` on ``quantize_backend``: its column kernel on
+    CUDA), the codes transposed once into (X, S): gather 2 + 2 B, quantize 2 + 1 B, transpose
+    1 + 1 B. The compact array (what every other backend reads) is gathered back from the slot
+    codes only where something reads it (XLA drops it otherwise). A 1-D block format's blocks are
+    the same in either orientation, so (X, M) along axis 1 is ``quantize_grouped(x.T, axis=1)``
+    bit for bit. Made for ``scaled_ragged_dot``'s weight gradient (x^T and dy; docs/design.md,
+    "The weight gradient's operand passes"); not public: ``slot_data`` holds the codes as they
+    were, and an array whose ``data`` is replaced afterwards must not keep it."""
     what = "quantize_grouped"
     if x.ndim != 2:
         raise ValueError(f"{what}: the weight gradient's operands are 2-D (tokens, features), got shape "
                          f"{tuple(x.shape)}")
-    q, padded = _quantize_padded(x, fmt, group_sizes, 0, None, None, backend, what)
-    if tokens_last:  # (X, M) along axis 1: the codes and the (blocks, X) scales transposed
-        q = common.GroupedBlockScaledArray(_transposed(q.data), q.scale.T, q.global_scale, fmt, 1, q.groups)
-    q.slot_data = _transposed(padded.data)
-    return q
+    g = int(group_sizes.shape[0])
+    p = token_slots.problem(fmt, x, g)
+    sel = backends.select(token_slots.OP, backend, problem=p)
+
+    def on(sel):
+        if sel.chosen == "cuda":
+            nblocks = common.grouped_block_count(x.shape[0], g, token_slots.BLOCK)
+            slots, scale = token_slots.cuda_slots(x, group_sizes, nblocks)  # (X, S), (blocks, X)
+            # the compact codes, token t of its group at slot 128 block + position: (X, M)
+            block, pos = common.row_blocks(common.grouped_layout(group_sizes, x.shape[0], token_slots.BLOCK))
+            data = _take(slots, block * token_slots.BLOCK + pos, None, 1)
+            q = common.GroupedBlockScaledArray(_transposed(data), scale, None, fmt, 0, g)  # (M, X) along axis 0
+        else:
+            q, padded = _quantize_padded(x, fmt, group_sizes, 0, None, None, quantize_backend, what)
+            slots = _transposed(padded.data)
+        slots = _marked(slots, sel, p)
+        if tokens_last:  # (X, M) along axis 1: the codes and the (blocks, X) scales transposed
+            q = common.GroupedBlockScaledArray(_transposed(q.data), q.scale.T, q.global_scale, fmt, 1, g)
+        q.slot_data = slots
+        return q
+
+    return export.per_platform(sel, p, on, (x, group_sizes))
+
+
+def _marked(out, sel, problem):
+    return export.mark_choice(out, sel, problem) if eager.traced(out) else out
 
 
 def dequantize_grouped(q, group_sizes, dtype=jnp.float32, *, backend: str = "auto"):

@@ -49,7 +49,7 @@ def test_disabled_checks_name_every_target_the_sources_register():
     assert in_sources and names == in_sources
     assert set(_ext.module("cpu").registrations()) <= names
     assert set(_ext.TARGETS.values()) == {"quantize", "dequantize", "block_scaled_dot", "place",
-                                         "all_reduce", "ragged_dot"}
+                                         "all_reduce", "ragged_dot", "quantize_token_slots"}
 
 
 def _program():

@@ -485,3 +485,70 @@ int main() {
   return 0;
 }
 ''')
+
+
+def test_token_slot_kernels(kernels):
+    """The weight gradient's one-pass operand kernel (csrc/formats/token_slots_kernel.cuh; template
+    argument: input kind): the column kernel's loads (one 16-byte piece of each of a lane's 16 rows,
+    two paths of 16: whole blocks and a group's partial last block, all issued before the first is
+    used), plus the (first row, count) table entry (one 8-byte load); its E columns' transposed codes
+    staged in shared memory with one 16-byte store each; the codes leave as 16-byte stores (8
+    consecutive threads write one column's 128-byte line) and the scales as one 4-byte store per
+    column; no local memory, registers for 2 CTAs of 256 threads an SM."""
+    seen = set()
+    for name, k in _select(kernels, "QuantizeTokenSlotsT").items():
+        kind = _args(name)[0]
+        seen.add(kind)
+        e = 4 if kind == 0 else 8
+        assert k.loads(".128") == 32, f"{name}: {k.loads('.128')} 128-bit loads, want 2 x 16"
+        assert k.loads() - k.loads(".128") == k.loads(".64") == 1, f"{name}: loads besides the rows and the table"
+        pairs = [o for offs in k.offsets(lambda op: op == "LDG.E.128").values() for o in offs if o + 16 in offs]
+        assert not pairs, f"{name}: a thread loads 16 contiguous bytes twice (not one piece per row)"
+        assert k.max_loads_in_flight(lambda op: op == "LDG.E.128") >= 16, f"{name}: a load used before the next issued"
+        assert k.count(lambda op: op == "STS.128") == e, f"{name}: the transposed codes not staged 16 bytes a column"
+        assert k.stores(".128") >= 1 and k.stores() - k.stores(".128") == 1, f"{name}: stores {k.stores()}"
+        assert k.count(lambda op: op.startswith("F2FP") and "E4M3" in op), name
+        _check_common(k, 128)
+        _check_in_flight(k, 16 * 16, (4 if kind == 0 else 2) / ((4 if kind == 0 else 2) + 1))
+    assert seen == {0, 1, 2}, f"input kinds compiled: {sorted(seen)}"
+
+
+def test_token_slot_staging_is_conflict_free(tmp_path):
+    """cols::TokenSlot (the token-slot kernel's staging of each column's 128 codes), compiled for the
+    host with the kernel's shapes: every line's 8 runs fill its 8 slots once and the swizzle is its own
+    inverse (the copy-out reads run TokenSlot(slot, line) from slot `slot`); the 8 lanes of each
+    quarter-warp of every staging store (lane l holds piece l, line l E + c, its warp's run) touch 8
+    distinct 16-byte bank groups (a line is 128 bytes: slot s of any line is bank group s)."""
+    _run_host_check(tmp_path, "token_slots", r'''
+#include <cstdio>
+#include <set>
+#include "csrc/formats/cols_layout.h"
+namespace c = gpuext::formats::cols;
+template <int kInBytes> int Check() {
+  using S = c::Shape<128, kInBytes, false>;
+  static_assert(S::kCtas == 1 && S::R == 16 && S::B / S::R == 8 && S::kPieces == 32, "the kernel's shape");
+  constexpr int E = S::E;
+  for (int line = 0; line < S::W; ++line) {
+    std::set<int> slots;
+    for (int run = 0; run < 8; ++run) {
+      const int s = c::TokenSlot<E>(run, line);
+      if (s < 0 || s >= 8 || !slots.insert(s).second || c::TokenSlot<E>(s, line) != run) return 1;
+    }
+  }
+  for (int warp = 0; warp < S::kWarps; ++warp) {
+    const int run = c::RowOf<S>(warp) / S::R;
+    for (int col = 0; col < E; ++col)
+      for (int q = 0; q < 4; ++q) {
+        std::set<int> banks;
+        for (int l = 8 * q; l < 8 * q + 8; ++l) banks.insert(c::TokenSlot<E>(run, c::PieceOf<S>(warp, l) * E + col));
+        if (banks.size() != 8) return 2;
+      }
+  }
+  return 0;
+}
+int main() {
+  const int r = Check<2>() | Check<4>();
+  std::printf(r ? "fail %d\n" : "ok\n", r);
+  return r;
+}
+''')

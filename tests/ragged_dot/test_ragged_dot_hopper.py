@@ -467,8 +467,8 @@ def test_wgrad_reads_quantizes_output_without_moving_the_codes(case):
     dy = jax.random.normal(jax.random.key(8), (m, n)).astype(jnp.bfloat16)
 
     def slots(x, dy, s):
-        return (grouped.quantize_tokens_for_wgrad(x, gx.FP8_1x128, s, tokens_last=True, backend="xla"),
-                grouped.quantize_tokens_for_wgrad(dy, gx.FP8_1x128, s, tokens_last=False, backend="xla"))
+        return (grouped.quantize_tokens_for_wgrad(x, gx.FP8_1x128, s, tokens_last=True, quantize_backend="xla"),
+                grouped.quantize_tokens_for_wgrad(dy, gx.FP8_1x128, s, tokens_last=False, quantize_backend="xla"))
 
     def compact(x, dy, s):
         return (gx.quantize_grouped(x.T, gx.FP8_1x128, s, axis=1, backend="xla"),
@@ -854,21 +854,24 @@ def _junit(cases, interrupted=False, counts=True):
     per finished test; with ``counts``, the tests the group selected per feature (tests/conftest.py
     verifies_collected_counts): these plus one more wgrad test when one was ``interrupted``."""
     body, selected = [], {}
-    for name, feature, outcome in cases:
-        props = '<property name="verifies" value="ragged_dot.hopper" />'
+    for name, feature, outcome, *component in cases:  # component: ragged_dot.hopper unless given
+        component = component[0] if component else "ragged_dot.hopper"
+        props = f'<property name="verifies" value="{component}" />'
         if feature:
-            props += f'<property name="verifies_feature" value="ragged_dot.hopper={feature}" />'
-        selected[feature or ""] = selected.get(feature or "", 0) + 1
+            props += f'<property name="verifies_feature" value="{component}={feature}" />'
+        counted = selected.setdefault(component, {})
+        counted[feature or ""] = counted.get(feature or "", 0) + 1
         result = {"passed": "", "failed": '<failure message="x">x</failure>', "error": '<error message="x">x</error>',
                   "skipped": '<skipped message="gate" />'}[outcome]
         body.append(f'<testcase classname="tests.ragged_dot.test_ragged_dot_hopper" name="{name}" time="1">'
                     f'<properties>{props}</properties>{result}</testcase>')
     if interrupted:  # pytest's record of the test the step's bound interrupted: no name, no outcome
         body.append('<testcase time="0.000" />')
-        selected["wgrad"] = selected.get("wgrad", 0) + 1
+        hopper = selected.setdefault("ragged_dot.hopper", {})
+        hopper["wgrad"] = hopper.get("wgrad", 0) + 1
     suite = ""
     if counts:
-        value = json.dumps({"ragged_dot.hopper": selected, "ragged_dot.cublaslt": {"": 3}}).replace('"', "&quot;")
+        value = json.dumps({**selected, "ragged_dot.cublaslt": {"": 3}}).replace('"', "&quot;")
         suite = f'<properties><property name="verifies_collected_counts" value="{value}" /></properties>'
     return (f'<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" tests="{len(cases)}">'
             f'{suite}{"".join(body)}</testsuite></testsuites>')
@@ -879,6 +882,9 @@ FORWARD_OK = [("test_gpu_matches_f64[balanced]", "fp8_blockwise", "passed"),
               ("test_gpu_group_sizes_out_of_range_stay_in_bounds", None, "passed"),
               ("test_gpu_masked_matches_f64[GKN-decode]", "masked", "passed")]
 WGRAD = "test_gpu_wgrad_matches_f64[{}]"
+# the one-pass operand kernel the training step runs (tests/ragged_dot/test_token_slots.py)
+TOKEN_SLOTS_OK = [("test_gpu_token_slots_match_composed[skewed_with_empty-bfloat16]", "token_slots", "passed",
+                   "formats.cuda")]
 
 
 def test_bench_times_the_hopper_forward_when_only_the_wgrad_failed(tmp_path):
@@ -910,7 +916,7 @@ def test_bench_hopper_cells_per_test_outcome(tmp_path):
         return bench.hopper_features(str(junit))
 
     wgrad_ok = [(WGRAD.format("model_skewed-xT-dy"), "wgrad", "passed"),
-                ("test_gpu_training_step_runs_on_the_kernels", "wgrad", "passed")]
+                ("test_gpu_training_step_runs_on_the_kernels", "wgrad", "passed")] + TOKEN_SLOTS_OK
     assert verdict(FORWARD_OK + wgrad_ok) == {"forward": None, "train": None}
     assert verdict(FORWARD_OK + wgrad_ok, counts=False) == {"forward": None, "train": None}
     # a failed forward test, or one of the whole kernel (no feature): neither cell
@@ -922,8 +928,15 @@ def test_bench_hopper_cells_per_test_outcome(tmp_path):
                                             ("test_gpu_command_buffer_reads_the_sizes_of_each_call[]",
                                              "command_buffer", "failed")]) == {"forward": None, "train": None}
     # skipped (a closed gate) is not passed; another component's failed test is not the kernel's
-    skipped = [(n, f, "skipped") for n, f, _ in FORWARD_OK + wgrad_ok]
+    skipped = [(n, f, "skipped", *c) for n, f, _, *c in FORWARD_OK + wgrad_ok]
     assert "none of its fp8_blockwise tests passed" in verdict(skipped)["forward"]
+    # the training step also runs the one-pass operand kernel: its failure (or absence) keeps the
+    # training step out, not the forward
+    slots_failed = [(n, f, "failed", *c) for n, f, _, *c in TOKEN_SLOTS_OK]
+    why = verdict(FORWARD_OK + wgrad_ok[:2] + slots_failed)
+    assert why["forward"] is None and "formats.cuda token_slots tests failed" in why["train"], why
+    why = verdict(FORWARD_OK + wgrad_ok[:2])
+    assert why["forward"] is None and "none of its formats.cuda token_slots tests passed" in why["train"], why
     other = ('<testcase name="test_other"><properties><property name="verifies" value="ragged_dot.cublaslt" />'
              '</properties><failure message="x">x</failure></testcase>')
     junit.write_text(_junit(FORWARD_OK + wgrad_ok).replace("</testsuite>", other + "</testsuite>"))
