@@ -86,7 +86,7 @@ backends.register(OP, backends.Backend(
 def block_table(group_sizes, m: int, nblocks: int):
     """(nblocks, 2) int32: each block's first row and row count (``common.slot_block_rows``)."""
     first, count = common.slot_block_rows(common.grouped_layout(group_sizes, m, BLOCK), nblocks)
-    return jnp.stack([first, count], axis=1)
+    return jnp.stack([first, count], axis=1).astype(jnp.int32)  # the handler takes int32 (x64 or not)
 
 
 def cuda_slots(x, group_sizes, nblocks: int):
