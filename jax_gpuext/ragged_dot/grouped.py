@@ -147,14 +147,14 @@ def quantize_tokens_for_wgrad(x, fmt, group_sizes, *, tokens_last: bool, backend
         if sel.chosen == "cuda":
             nblocks = common.grouped_block_count(x.shape[0], g, token_slots.BLOCK)
             slots, scale = token_slots.cuda_slots(x, group_sizes, nblocks)  # (X, S), (blocks, X)
+            slots = _marked(slots, sel, p)  # before the gather below, so that the compact codes carry the mark
             # the compact codes, token t of its group at slot 128 block + position: (X, M)
             block, pos = common.row_blocks(common.grouped_layout(group_sizes, x.shape[0], token_slots.BLOCK))
             data = _take(slots, block * token_slots.BLOCK + pos, None, 1)
             q = common.GroupedBlockScaledArray(_transposed(data), scale, None, fmt, 0, g)  # (M, X) along axis 0
         else:
             q, padded = _quantize_padded(x, fmt, group_sizes, 0, None, None, quantize_backend, what)
-            slots = _transposed(padded.data)
-        slots = _marked(slots, sel, p)
+            slots = _marked(_transposed(padded.data), sel, p)
         if tokens_last:  # (X, M) along axis 1: the codes and the (blocks, X) scales transposed
             q = common.GroupedBlockScaledArray(_transposed(q.data), q.scale.T, q.global_scale, fmt, 1, g)
         q.slot_data = slots
@@ -164,6 +164,8 @@ def quantize_tokens_for_wgrad(x, fmt, group_sizes, *, tokens_last: bool, backend
 
 
 def _marked(out, sel, problem):
+    """``out`` marked with the backend chosen (``export.mark_choice``: lowering for a platform whose
+    own choice differs refuses); eager results need no mark."""
     return export.mark_choice(out, sel, problem) if eager.traced(out) else out
 
 
