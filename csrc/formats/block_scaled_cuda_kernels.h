@@ -173,6 +173,19 @@ __device__ __forceinline__ uint32_t ColumnAmax(const uint32_t (&acc)[Vec<kIn, V>
   return WidenAbs16<kIn>((c & 1) ? acc[c / 2] >> 16 : acc[c / 2] & 0xFFFFu);
 }
 
+// The column / token-slot kernels: the |x| maxima of a lane's R rows of one piece (V columns), column by
+// column, into part[c][piece] (this warp's row of the CTA's partial maxima; one thread a column folds them).
+template <int kIn, int V, int R, int kP>
+__device__ __forceinline__ void PublishColumnMaxima(const Vec<kIn, V> (&v)[R], uint32_t (&part)[V][kP], int piece) {
+  uint32_t acc[Vec<kIn, V>::kWords];
+#pragma unroll
+  for (int j = 0; j < Vec<kIn, V>::kWords; ++j) acc[j] = 0;
+#pragma unroll
+  for (int j = 0; j < R; ++j) ColumnMax(v[j], acc);
+#pragma unroll
+  for (int c = 0; c < V; ++c) part[c][piece] = ColumnAmax<kIn, V>(acc, c);
+}
+
 // ------------------------------------------------------------------------ NVFP4 threshold table
 // Row c holds the 7 thresholds of E4M3 block-scale code c under global scale g (padded to 8 words):
 // fp32 bits for f32 input (fast::Nvfp4Count, one element at a time), packed 16-bit thresholds for
@@ -537,13 +550,7 @@ __global__ void __launch_bounds__(ColsShape<kFmt, kIn, kBoth>::kThreads, (kColsM
       }
     }
   }
-  uint32_t acc[Vec<kIn, E>::kWords];
-#pragma unroll
-  for (int j = 0; j < Vec<kIn, E>::kWords; ++j) acc[j] = 0;
-#pragma unroll
-  for (int j = 0; j < R; ++j) ColumnMax(v[j], acc);
-#pragma unroll
-  for (int c = 0; c < E; ++c) colpart[tk][c][piece] = ColumnAmax<kIn, E>(acc, c);
+  PublishColumnMaxima(v, colpart[tk], piece);
   if constexpr (kBoth) {
     // row block (piece * E) / B of each row: G consecutive lanes (aligned), every lane takes part
 #pragma unroll

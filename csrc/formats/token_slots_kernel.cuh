@@ -82,13 +82,7 @@ __global__ void __launch_bounds__(TokenSlotsShape<kIn>::kThreads, 2) QuantizeTok
       }
     }
   }
-  uint32_t acc[Vec<kIn, E>::kWords];
-#pragma unroll
-  for (int w = 0; w < Vec<kIn, E>::kWords; ++w) acc[w] = 0;
-#pragma unroll
-  for (int r = 0; r < R; ++r) ColumnMax(v[r], acc);
-#pragma unroll
-  for (int c = 0; c < E; ++c) colpart[run][c][piece] = ColumnAmax<kIn, E>(acc, c);
+  PublishColumnMaxima(v, colpart[run], piece);
   __syncthreads();
   for (int c = threadIdx.x; c < W; c += S::kThreads) {
     uint32_t m = 0;
