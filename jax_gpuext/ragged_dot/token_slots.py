@@ -60,8 +60,8 @@ def _kernel_reason(p) -> str | None:
         return f"{cols} features is not a multiple of {piece} (16-byte row pieces of {dtype})"
     if -(-cols // (256 if dtype.itemsize == 2 else 128)) > _GRID_Y:
         return f"{cols} features: more column tiles than a grid holds"
-    if common.grouped_block_count(m, groups, BLOCK) >= 2**31:
-        return "2^31 or more token blocks"
+    if BLOCK * common.grouped_block_count(m, groups, BLOCK) + BLOCK >= 2**31:
+        return "the padded tokens must stay below 2^31 - 128 (int32 slot indices, as the wgrad kernel's)"
     return None
 
 
