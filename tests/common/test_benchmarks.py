@@ -347,6 +347,12 @@ def test_bench_quantize_smoke(tmp_path):
     for key in ("format", "shape", "dtype", "time_us", "dequantize_time_us", "fraction_of_copy"):
         assert key in result["xla_rows"][0]
     assert "quantize_both_axes" in stdout  # present or absent, the run says which
+    # the weight gradient's operands (op quantize_token_slots): on CPU the composed path only; the useful
+    # bytes: x read once, the slot codes (128 a block) and the float32 scales written
+    (slots,) = [m for m in timed if m["op"] == "quantize_token_slots"]
+    blocks = gx.ragged_dot.grouped_block_count(256, 64, 128)
+    assert slots["backend"] == "composed" and slots["bytes_moved"] == 256 * 512 * 2 + 512 * 128 * blocks + 4 * blocks * 512
+    assert "the weight gradient's operands" in stdout
     # issue 35's verdict: every timed row of the kernel backend, none of xla's or jax.nn's
     assert "targets (issue 35)" in stdout and result["targets"]
     for v in result["targets"]:
