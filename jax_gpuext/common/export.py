@@ -209,7 +209,11 @@ def _primitive():
 def mark_choice(out, selection, problem):
     """``out`` (an op's result array), marked with the backend ``selection`` chose for ``problem``
     (hashable), so that lowering it for a platform whose own choice differs refuses (above).
-    Free at run time: it lowers to nothing."""
+    Free at run time: it lowers to nothing. An eager result (nothing will lower it) is returned as it is."""
+    from jax_gpuext.common import eager
+
+    if not eager.traced(out):
+        return out
     return _primitive().bind(out, choice=_Choice(selection, problem, _serving.get()))
 
 

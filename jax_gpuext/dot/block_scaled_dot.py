@@ -87,7 +87,7 @@ def block_scaled_dot(lhs, rhs, dimension_numbers=None, *, preferred_element_type
 
     def on(sel):
         out = _cached((p, sel.chosen), sel, lhs, rhs)
-        return export.mark_choice(out, sel, p) if eager.traced(out) else out
+        return export.mark_choice(out, sel, p)
 
     # traced: each platform's own trace (its choice; the implementations read the platform too),
     # lowering for a platform keeps its own (common/export.py)

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_gpuext.common import backends, eager, export, gates
+from jax_gpuext.common import backends, export, gates
 from jax_gpuext.common import extension as _ext
 from jax_gpuext.common import ffi as _ffi
 from jax_gpuext.common.errors import UnsupportedError, require_bool
@@ -442,16 +442,9 @@ def quantize(x, fmt, *, axis: int = -1, scale_rounding: str | None = None, globa
 
         # One derivative rule for every backend, above the backend choice (docs/formats.md, "Gradients").
         data, scale = _refuse_derivatives(run)(x, *(() if g is None else (g,)))
-        return BlockScaledArray(_marked(data, sel, problem), scale, g, fmt, ax)
+        return BlockScaledArray(export.mark_choice(data, sel, problem), scale, g, fmt, ax)
 
     return export.per_platform(sel, problem, on, (x, g))
-
-
-def _marked(out, sel, problem):
-    """``out`` marked with the backend chosen for ``problem``: lowered for another platform than the
-    one traced for (a CUDA export from a CPU host), that platform's own choice or a clear refusal,
-    never this host's custom call (common/export.py, issue 34). Eager results need no mark."""
-    return export.mark_choice(out, sel, problem) if eager.traced(out) else out
 
 
 def _checked_input(x, what: str):
@@ -522,7 +515,7 @@ def quantize_both_axes(x, fmt, *, scale_rounding: str | None = None, global_scal
                     *_quantize_on(sel.chosen, x, fmt, ax_second, scale_rounding, g))
 
         d_last, s_last, d_second, s_second = _refuse_derivatives(run)(x, *(() if g is None else (g,)))
-        d_last, d_second = (_marked(d, sel, problem) for d in (d_last, d_second))
+        d_last, d_second = (export.mark_choice(d, sel, problem) for d in (d_last, d_second))
         return (BlockScaledArray(d_last, s_last, g, fmt, ax_last),
                 BlockScaledArray(d_second, s_second, g, fmt, ax_second))
 
@@ -798,7 +791,7 @@ def dequantize(q: BlockScaledArray, dtype=jnp.float32, *, backend: str = "auto")
                                  fp4_packed=_fp4_packed(sel.chosen, fmt))
 
         out = _differentiable_dequantize(run, fmt, q.axis, dtype)(q.data, q.scale, *gs)
-        return _marked(out, sel, problem)
+        return export.mark_choice(out, sel, problem)
 
     return export.per_platform(sel, problem, on, (q.data, q.scale, *gs))
 

@@ -20,7 +20,7 @@ import numpy as np
 from jax import lax
 
 from jax_gpuext import formats
-from jax_gpuext.common import backends, eager, export
+from jax_gpuext.common import backends, export
 from jax_gpuext.ragged_dot import common, token_slots
 
 
@@ -147,26 +147,20 @@ def quantize_tokens_for_wgrad(x, fmt, group_sizes, *, tokens_last: bool, backend
         if sel.chosen == "cuda":
             nblocks = common.grouped_block_count(x.shape[0], g, token_slots.BLOCK)
             slots, scale = token_slots.cuda_slots(x, group_sizes, nblocks)  # (X, S), (blocks, X)
-            slots = _marked(slots, sel, p)  # before the gather below, so that the compact codes carry the mark
+            slots = export.mark_choice(slots, sel, p)  # before the gather below, so that the compact codes carry the mark
             # the compact codes, token t of its group at slot 128 block + position: (X, M)
             block, pos = common.row_blocks(common.grouped_layout(group_sizes, x.shape[0], token_slots.BLOCK))
             data = _take(slots, block * token_slots.BLOCK + pos, None, 1)
             q = common.GroupedBlockScaledArray(_transposed(data), scale, None, fmt, 0, g)  # (M, X) along axis 0
         else:
             q, padded = _quantize_padded(x, fmt, group_sizes, 0, None, None, quantize_backend, what)
-            slots = _marked(_transposed(padded.data), sel, p)
+            slots = export.mark_choice(_transposed(padded.data), sel, p)
         if tokens_last:  # (X, M) along axis 1: the codes and the (blocks, X) scales transposed
             q = common.GroupedBlockScaledArray(_transposed(q.data), q.scale.T, q.global_scale, fmt, 1, g)
         q.slot_data = slots
         return q
 
     return export.per_platform(sel, p, on, (x, group_sizes))
-
-
-def _marked(out, sel, problem):
-    """``out`` marked with the backend chosen (``export.mark_choice``: lowering for a platform whose
-    own choice differs refuses); eager results need no mark."""
-    return export.mark_choice(out, sel, problem) if eager.traced(out) else out
 
 
 def dequantize_grouped(q, group_sizes, dtype=jnp.float32, *, backend: str = "auto"):

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jax_gpuext import formats
-from jax_gpuext.common import backends, eager, export
+from jax_gpuext.common import backends, export
 from jax_gpuext.common.gates import GateResult
 from jax_gpuext.dot import scale_range
 from jax_gpuext.dot import xla as dot_xla
@@ -252,7 +252,7 @@ def ragged_dot_masked(lhs, rhs, valid_counts, rhs_contracting_dim=None, *, prefe
 
     def on(sel):
         out = _IMPLS[sel.chosen](lhs, rhs, counts, p, sel)
-        return export.mark_choice(out, sel, p) if eager.traced(out) else out
+        return export.mark_choice(out, sel, p)
 
     # traced: each platform's own trace (its choice; the implementations read the platform too),
     # lowering for a platform keeps its own (common/export.py)

@@ -93,7 +93,7 @@ def ragged_dot(lhs, rhs, group_sizes, ragged_dot_dimension_numbers=None, *, pref
 
     def on(sel):
         out = _cached((p, sel.chosen), sel, lhs, rhs, sizes)
-        return export.mark_choice(out, sel, p) if eager.traced(out) else out
+        return export.mark_choice(out, sel, p)
 
     # traced: each platform's own trace (its choice; the implementations read the platform too),
     # lowering for a platform keeps its own (common/export.py)
