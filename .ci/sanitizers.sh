@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# CI sanitizer leg (issue 15). Run from the repo root after the README's test command built .venv.
+# CI sanitizer leg (issue 15). Run from the repo root after the newest leg built .venv-newest (or the
+# README's test command built .venv): the CPU kernel clone that venv loads is the one the other legs run.
 #  1. _cpu built with AddressSanitizer + UndefinedBehaviorSanitizer into .venv-asan (own build dir),
 #     then the CPU handler tests and the fuzz suite run with libasan/libubsan preloaded into python:
 #     any report stops the process (halt_on_error) and fails the leg.
@@ -7,7 +8,8 @@
 # Subset, to stay near 10 minutes on 2 cores: the tests whose code reaches our C++ on CPU
 # (formats, memory, all_reduce and its protocol semantics, the handlers' size checks) plus
 # tests/fuzz; the dot / hopper_mx / cuDNN tests run the jnp reference or skip on CPU and would add
-# minutes without executing a line of sanitized code.
+# minutes without executing a line of sanitized code. XLA compiles at LLVM -O0 (as in the version legs,
+# .ci/version_legs.sh): most of a test's time is XLA compiling, and none of XLA is instrumented.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_PROGRESS_BAR=off
@@ -20,7 +22,9 @@ python3 -m venv .venv-asan
 # CI run tests the bits of two: without the v4 clone on an AVX-512 machine (v3 runs), without
 # clones on an AVX2 one (the baseline runs, which only pre-AVX2 CPUs would otherwise reach).
 kernels() { "$1" -P -c "import jax_gpuext._cpu as m; print(m.build_info()['cpu_kernels'])"; }
-main_clone=$(kernels .venv/bin/python)
+main_py=.venv-newest/bin/python
+[ -x "$main_py" ] || main_py=.venv/bin/python
+main_clone=$(kernels "$main_py")
 case "$main_clone" in
   x86-64-v4*) below="JAX_GPUEXT_CPU_AVX512=OFF"; expect="x86-64-v3" ;;
   x86-64-v3*) below="JAX_GPUEXT_CPU_MULTIVERSION=OFF"; expect="baseline" ;;
@@ -43,6 +47,7 @@ log=$(mktemp)
 # instrumented, so only our module's accesses (and interposed malloc/free) are checked.
 ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=1:verify_asan_link_order=0:allocator_may_return_null=1 \
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 LD_PRELOAD="$libs" \
+XLA_FLAGS=--xla_backend_optimization_level=0 \
   .venv-asan/bin/pytest -q -p no:cacheprovider tests/formats/test_formats.py tests/memory/test_memory.py tests/collectives/test_allreduce.py \
   tests/collectives/test_allreduce_semantics.py tests/common/test_handler_size_checks.py tests/fuzz 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
