@@ -5,7 +5,7 @@
 #     then the CPU handler tests and the fuzz suite run with libasan/libubsan preloaded into python:
 #     any report stops the process (halt_on_error) and fails the leg.
 #  2. ThreadSanitizer over the CPU all-reduce protocol's host threads (tests/native/cpu_protocol_tsan.cc).
-# Subset, to stay near 10 minutes on 2 cores: the tests whose code reaches our C++ on CPU
+# Subset (23 min here on 2 slow AVX2 cores, 2026-11-28, ASan build included): the tests whose code reaches our C++ on CPU
 # (formats, memory, all_reduce and its protocol semantics, the handlers' size checks) plus
 # tests/fuzz; the dot / hopper_mx / cuDNN tests run the jnp reference or skip on CPU and would add
 # minutes without executing a line of sanitized code. XLA compiles at LLVM -O0 (as in the version legs,

@@ -11,7 +11,7 @@
 # lighter tests exercise the same ops, transformations and export paths on each jax). XLA compiles
 # at LLVM -O0 here: most of a CPU test's time is XLA compiling small programs, and what these legs
 # test (each jax's API, tracing, lowering, the custom calls) does not depend on LLVM's passes; the
-# README leg keeps XLA's default, the users'. docs/design.md, "CI time" ("Lean version legs").
+# README leg keeps XLA's default, the users'. docs/design.md, "Both lanes from the start, lean version legs".
 VERSION_LEG_ENV=(JAX_GPUEXT_FUZZ_EXAMPLES=2 XLA_FLAGS=--xla_backend_optimization_level=0)  # for env: not exported
 VERSION_LEG_PYTEST_ARGS=(-q -p no:cacheprovider
   --ignore=tests/common/test_results_script.py
