@@ -121,7 +121,7 @@ def _runs_in_child(item) -> bool:
     return state is not None and state.mode != "off" and is_isolated(item)
 
 
-def _would_skip(item) -> bool:
+def would_skip(item) -> bool:
     if item.get_closest_marker("skip") is not None:
         return True
     try:
@@ -361,7 +361,7 @@ def _batch_for(item, state: _State) -> list:
     if start is None:
         return [item]
     rest = [it for it in items[start + 1:]
-            if it.path == item.path and it.nodeid not in state.results and _runs_in_child(it) and not _would_skip(it)]
+            if it.path == item.path and it.nodeid not in state.results and _runs_in_child(it) and not would_skip(it)]
     return [item, *rest]
 
 

@@ -17,6 +17,8 @@
 - ``@pytest.mark.isolated`` (``isolated(only="gpu")``) runs tests in child processes so that a
   kernel's trap, which poisons the process's CUDA context, fails only the test that trapped
   (tests/_isolation.py, loaded here as a plugin; ``--isolation=batch|each|off``).
+- ``--param-subset=each-value`` (CI's version legs) runs, of each parametrized test function, only
+  the variants needed for every parameter value to run once (tests/_param_subset.py).
 - Tests must run against the installed package: a source checkout without the compiled
   extension would silently test only the reference paths.
 """
@@ -47,9 +49,9 @@ import pytest
 import jax_gpuext
 from jax_gpuext.common import env, gates
 
-# tests/_isolation.py: the `isolated` marker and --isolation (this folder is on sys.path, as for
-# the tests' other helper modules).
-pytest_plugins = ("_isolation",)
+# tests/_isolation.py: the `isolated` marker and --isolation; tests/_param_subset.py:
+# --param-subset (CI's version legs). This folder is on sys.path, as for the tests' other helpers.
+pytest_plugins = ("_isolation", "_param_subset")
 
 REQUIRE_GPU = env.get("JAX_GPUEXT_REQUIRE_GPU")
 # Gates a GPU run cannot open by installing anything: the GPU in the machine is another

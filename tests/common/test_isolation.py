@@ -12,6 +12,8 @@ import sys
 import textwrap
 import xml.etree.ElementTree as ET
 
+import pytest
+
 TESTS = pathlib.Path(__file__).resolve().parents[1]
 
 CONFTEST = f"""
@@ -194,8 +196,17 @@ def test_a_parent_stopped_mid_batch_has_reported_what_the_child_finished(tmp_pat
     (project / "conftest.py").write_text(textwrap.dedent(CONFTEST))
     (project / "test_slow.py").write_text(textwrap.dedent(SLOW_PY))
     junit = tmp_path / "junit.xml"
-    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    cmd = [sys.executable, "-P", "-m", "pytest", "-p", "no:cacheprovider", "-q", f"--junitxml={junit}", str(project)]
+    # faulthandler: should the parent outlive its SIGINT, the SIGABRT below prints where each of its
+    # threads is, which the failure then shows.
+    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONFAULTHANDLER": "1"}
+    pytest_argv = [sys.executable, "-P", "-m", "pytest", "-p", "no:cacheprovider", "-q", f"--junitxml={junit}",
+                   str(project)]
+    # The parent starts with SIGINT at its default, as under the GPU script's `timeout` (which catches
+    # SIGINT itself, so exec gives its child the default). A shell's background job ignores SIGINT,
+    # and CI runs every step as one: that SIG_IGN is inherited, and Python then installs no
+    # KeyboardInterrupt handler, so the parent would never see the signal this test sends.
+    restore = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
+    cmd = [sys.executable, "-c", restore, *pytest_argv]
     p = subprocess.Popen(cmd, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     chars: list[str] = []
     reader = threading.Thread(target=lambda: chars.extend(iter(lambda: p.stdout.read(1), "")), daemon=True)
@@ -206,13 +217,21 @@ def test_a_parent_stopped_mid_batch_has_reported_what_the_child_finished(tmp_pat
     deadline = time.monotonic() + 120
     while not ((project / "started.txt").exists() and "".join(chars).count(".") >= 2) and time.monotonic() < deadline:
         time.sleep(0.1)
+    signalled_after = 120 - (deadline - time.monotonic())
     p.send_signal(signal.SIGINT)
     try:
-        p.wait(timeout=180)
+        p.wait(timeout=60)
     except subprocess.TimeoutExpired:
-        p.kill()
+        p.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack, then the process ends
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
         reader.join(timeout=10)
-        pytest.fail(f"the interrupted parent did not exit within 180 s; its output so far:\n{''.join(chars)}")
+        child = subprocess.run(["pgrep", "-af", str(project / "test_slow.py")], capture_output=True, text=True).stdout
+        pytest.fail(f"the parent, sent SIGINT {signalled_after:.1f} s after its start (started.txt: "
+                    f"{(project / 'started.txt').exists()}), was still running 60 s later; its processes "
+                    f"left:\n{child}\nits output (with the stacks faulthandler printed on SIGABRT):\n{''.join(chars)}")
     reader.join(timeout=60)
     out = "".join(chars)
     cases = {c.get("name"): [x.tag for x in c if x.tag in ("failure", "error", "skipped")]
