@@ -8,8 +8,8 @@ format, dtype and backend on each jax, at about half the time (docs/design.md, "
 once in the version legs"). The README leg runs the whole grid (the default, ``all``).
 
 Per function, the variants kept are a greedy cover of its (parameter, value) pairs (the variant
-that brings the most uncovered pairs first), in collection order. A variant that skips here (a closed gate, a skip mark) is kept and
-covers nothing, so a value is counted only where it really runs. Ids named by ``--deselect`` cover
+that brings the most uncovered pairs first), in collection order. A variant that skips here (a
+closed gate, a skip mark) is kept and covers nothing, so a value is counted only where it really runs. Ids named by ``--deselect`` cover
 nothing either: pytest may remove them after this hook."""
 
 from __future__ import annotations
