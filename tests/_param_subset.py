@@ -9,8 +9,8 @@ once in the version legs"). The README leg runs the whole grid (the default, ``a
 
 Per function, the variants kept are a greedy cover of its (parameter, value) pairs (the variant
 that brings the most uncovered pairs first), in collection order. A variant that skips here (a
-closed gate, a skip mark) is kept and covers nothing, so a value is counted only where it really runs. Ids named by ``--deselect`` cover
-nothing either: pytest may remove them after this hook."""
+closed gate, a skip mark) is kept and covers nothing, so a value is counted only where it really
+runs. Ids named by ``--deselect`` cover nothing either: pytest may remove them after this hook."""
 
 from __future__ import annotations
 

@@ -51,7 +51,7 @@ def test_each_value_subset_keeps_a_variant_for_every_value_that_runs():
     # a skipped or deselected variant covers nothing: the value it had is taken from the next one
     marked = [("g", {"fmt": "A"}, False), ("g", {"fmt": "A"}, True), ("g", {"fmt": "A"}, True)]
     assert each_value_subset(marked) == [True, True, False]
-    # the cover takes the variant that brings the most: (A,x,1) covers nothing (B,y,2) does
+    # the cover takes the variant that brings the most: after (A,x,1), (B,y,2) covers all that is left
     cube = [("k", {"a": a, "b": b, "c": c}, True) for a in "AB" for b in "xy" for c in "12"]
     assert sum(each_value_subset(cube)) == 2
     # functions are separate; an unparametrized test is always kept
