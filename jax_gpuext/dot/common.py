@@ -52,8 +52,8 @@ class FormatInfo:
 
 def format_info(fmt) -> FormatInfo:
     """Family, dtypes and block of ``fmt`` (a ``formats.BlockFormat`` or its name)."""
-    if isinstance(fmt, str) and fmt in formats.FORMATS:
-        fmt = formats.FORMATS[fmt]
+    if isinstance(fmt, str):
+        fmt = formats.format_named(fmt, "block_scaled_dot")
     if not isinstance(fmt, formats.BlockFormat):
         raise TypeError(f"expected a jax_gpuext.BlockFormat (one of {sorted(formats.FORMATS)}), got {fmt!r}")
     if fmt.per_tensor:

@@ -54,9 +54,7 @@ class _Recipe:
 def _named_format(fmt, what: str, role: str):
     """A BlockFormat, or its name as ``quantize`` takes it (``jax_gpuext.formats.FORMATS``)."""
     if isinstance(fmt, str):
-        if fmt not in formats.FORMATS:
-            raise ValueError(f"{what}: unknown {role} {fmt!r}; known formats: {sorted(formats.FORMATS)}")
-        return formats.FORMATS[fmt]
+        return formats.format_named(fmt, what, role)
     if not isinstance(fmt, formats.BlockFormat):
         raise TypeError(f"{what}: {role} must be a jax_gpuext.BlockFormat or its name (one of "
                         f"{sorted(formats.FORMATS)}), got {type(fmt).__name__} {fmt!r}")

@@ -40,6 +40,7 @@ from jax_gpuext.formats.quantize import (
     default_scale_rounding,
     dequantize,
     float_dtype,
+    format_named,
     from_blackwell_scale_layout,
     quantize,
     quantize_both_axes,

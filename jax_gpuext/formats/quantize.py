@@ -97,6 +97,18 @@ FP8_TENSOR = BlockFormat("FP8_TENSOR", jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(j
 # OCP MX v1.0 MXFP4: E2M1 elements, one E8M0 scale per 32 (gpt-oss weights); packed like NVFP4.
 MXFP4 = BlockFormat("MXFP4", jnp.dtype(jnp.float4_e2m1fn), jnp.dtype(jnp.float8_e8m0fnu), (32,), 6)
 FORMATS = {f.name: f for f in (MXFP8_E4M3, MXFP8_E5M2, NVFP4, FP8_1x128, FP8_128x128, FP8_TENSOR, MXFP4)}
+# Names match case-insensitively: "mxfp8_e4m3" and "nvfp4" are how other libraries spell them.
+_FORMATS_BY_FOLDED_NAME = {name.casefold(): f for name, f in FORMATS.items()}
+
+
+def format_named(name: str, what: str = "quantize", role: str = "block format") -> BlockFormat:
+    """The registered format called ``name`` (case-insensitive), or a ValueError naming the known
+    ones. ``what`` and ``role`` say in the message which call and which argument gave the name."""
+    fmt = _FORMATS_BY_FOLDED_NAME.get(name.casefold())
+    if fmt is None:
+        prefix = "" if what == "quantize" else f"{what}: "
+        raise ValueError(f"{prefix}unknown {role} {name!r}; known formats: {sorted(FORMATS)}")
+    return fmt
 
 
 def _format_from_fields(*fields) -> BlockFormat:
@@ -239,7 +251,8 @@ def _check_parts(data, scale, global_scale, fmt, axis, what: str):
     """Validated (data, scale, global_scale, format, axis) of a BlockScaledArray; axis negative.
     Dtype mismatches are TypeErrors, shape mismatches ValueErrors, each naming the part."""
     if not isinstance(fmt, BlockFormat):
-        hint = f" (use jax_gpuext.{fmt})" if isinstance(fmt, str) and fmt in FORMATS else ""
+        hint = (f" (use jax_gpuext.{_FORMATS_BY_FOLDED_NAME[fmt.casefold()].name})"
+                if isinstance(fmt, str) and fmt.casefold() in _FORMATS_BY_FOLDED_NAME else "")
         raise TypeError(f"{what}: format must be a jax_gpuext.BlockFormat (one of {sorted(FORMATS)}), "
                         f"got {type(fmt).__name__} {fmt!r}{hint}")
     data, scale = _array_part("data", data, what), _array_part("scale", scale, what)
@@ -283,9 +296,7 @@ def _leading(x, shape) -> tuple[int, ...]:
 
 def _check_format(fmt) -> BlockFormat:
     if isinstance(fmt, str):
-        if fmt not in FORMATS:
-            raise ValueError(f"unknown block format {fmt!r}; known formats: {sorted(FORMATS)}")
-        return FORMATS[fmt]
+        return format_named(fmt)
     if not isinstance(fmt, BlockFormat):
         raise TypeError(f"fmt must be a jax_gpuext.BlockFormat (one of {sorted(FORMATS)}), got {fmt!r}")
     return fmt

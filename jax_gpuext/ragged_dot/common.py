@@ -307,9 +307,7 @@ export.register_array_serialization(GroupedBlockScaledArray, "jax_gpuext.Grouped
 def check_grouped_format(fmt, what: str) -> formats.BlockFormat:
     """A format whose blocks can restart per group: one block axis, not per-tensor."""
     if isinstance(fmt, str):  # a name, as quantize takes it
-        if fmt not in formats.FORMATS:
-            raise ValueError(f"{what}: unknown format {fmt!r}; known formats: {sorted(formats.FORMATS)}")
-        fmt = formats.FORMATS[fmt]
+        fmt = formats.format_named(fmt, what, "format")
     if not isinstance(fmt, formats.BlockFormat):
         raise TypeError(f"{what}: format must be a jax_gpuext.BlockFormat (one of {sorted(formats.FORMATS)}), "
                         f"got {fmt!r}")

@@ -459,6 +459,9 @@ def test_errors():
         gx.quantize(x, gx.MXFP8_E4M3, global_scale=1.0)
     with pytest.raises(ValueError, match="unknown block format 'MXFP6'"):
         gx.quantize(x, "MXFP6")
+    with pytest.raises(TypeError, match="use jax_gpuext.NVFP4"):  # a name where a BlockFormat must be
+        gx.BlockScaledArray(jnp.zeros((4, 64), jnp.float4_e2m1fn), jnp.ones((4, 4), jnp.float8_e4m3fn),
+                            jnp.float32(1), "nvfp4", -1)
     with pytest.raises(TypeError, match="BlockFormat"):
         gx.quantize(x, 3)
     with pytest.raises(ValueError, match="'ocp'.*NVFP4"):
@@ -608,3 +611,16 @@ def test_mxfp4_matches_jax_nn():
     assert_bits_equal(our_scale[1:], their_scale[1:], "MXFP4 scales vs jax.nn")
     assert_bits_equal(our_data[1:], their_data[1:], "MXFP4 elements vs jax.nn")
     assert our_scale[1] == 127 + 5 and our_scale[2] == 127 + 6
+
+
+def test_format_names_match_case_insensitively():
+    """"mxfp8_e4m3" / "nvfp4" (other libraries' spelling) name the same format as the constants."""
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((4, 256)), jnp.bfloat16)
+    for fmt in formats.FORMATS.values():
+        for name in (fmt.name, fmt.name.lower(), fmt.name.upper()):
+            assert formats.format_named(name) is fmt
+        a, b = gx.quantize(x, fmt.name.lower()), gx.quantize(x, fmt)
+        assert a.format is fmt
+        np.testing.assert_array_equal(np.asarray(a.data).view(np.uint8), np.asarray(b.data).view(np.uint8))
+    with pytest.raises(ValueError, match="scaled_dot_general: unknown format 'mxfp6'"):
+        formats.format_named("mxfp6", "scaled_dot_general", "format")
