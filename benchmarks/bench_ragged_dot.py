@@ -409,6 +409,7 @@ class Bench:
         bf16 = step(lambda a, b, s: lax.ragged_dot(a, b, s, preferred_element_type=jnp.bfloat16))
         self.cell(row, "train_bf16", bf16, (x, w_kn, gs, ct), est_s=dense / RATE["bf16"], backend="bf16",
                   need_bytes=2 * expanded, flops=flops)
+        self._train_loop(row, sizes, step, (x, w_kn, gs, ct), flops)
         if self.tokamax is None:
             row["train_tokamax_error"] = self.tokamax_why
         else:
@@ -419,9 +420,31 @@ class Bench:
         return row
 
 
+    def _train_loop(self, row, sizes, step, args, flops):
+        """The training step's per-expert loop: scaled_dot_general (the same DeepSeek-V3 recipe, its
+        forward, dgrad and wgrad on dense cuBLASLt FP8 blockwise calls) per non-empty expert, rows
+        sliced with the host-known sizes. Its program holds this row's sizes: never reused."""
+        starts = np.concatenate([[0], np.cumsum(sizes)])
+        contract = (((1,), (0,)), ((), ()))  # x (rows, K) @ w[e] (K, N)
+
+        def loop(a, b, s):
+            del s  # the sizes are in the program (host-known), as a per-expert loop has them
+            outs = [gx.scaled_dot_general(a[int(starts[e]):int(starts[e + 1])], b[e], contract,
+                                          preferred_element_type=jnp.bfloat16, format=(gx.FP8_1x128, gx.FP8_128x128),
+                                          backend="cublaslt")
+                    for e in range(row["G"]) if sizes[e]]
+            return jnp.concatenate(outs)
+
+        if not gates.check_all(cublaslt.GATES[:2]):  # no CUDA extension or device: the loop cannot run
+            row["train_dense_fp8_loop_error"] = gates.check_all(cublaslt.GATES[:2]).reason[:300]
+        else:
+            self.cell(row, "train_dense_fp8_loop", step(loop), args, est_s=flops / RATE["ours"],
+                      backend="cublaslt_dense", flops=flops, reuse=False)
+
+
 def markdown(rows):
     cols = [c for c in ("hopper", "cublaslt_row_align16", "cublaslt_row_align1", "dense_fp8_loop", "tokamax", "xla",
-                        "train_hopper", "train_tokamax", "train_xla", "train_auto") if any(c in r for r in rows)]
+                        "train_hopper", "train_dense_fp8_loop", "train_tokamax", "train_xla", "train_auto") if any(c in r for r in rows)]
     head = ["mode", "model", "G", "M", "K", "N", "sizes", "bf16 TFLOP/s"] + [f"{c} TFLOP/s (x bf16)" for c in cols]
     out = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for r in rows:
@@ -471,7 +494,8 @@ def main(argv=None):
              "(benchmarks/_devtime.py); forward: quantization outside the timed region; training step: "
              "scaled_ragged_dot quantizes inside",
              "weights stored (G, N, K) for our backends, (G, K, N) for lax.ragged_dot and tokamax; bf16 output",
-             "dense_fp8_loop slices the groups with host-known sizes (one cuBLASLt call per expert)",
+             "dense_fp8_loop slices the groups with host-known sizes (one cuBLASLt call per expert); "
+             "train_dense_fp8_loop: scaled_dot_general per expert (forward, dgrad, wgrad on dense cuBLASLt)",
              f"tokamax: {bench.tokamax_why}" + (f" (implementation={bench.tokamax_impl!r})" if bench.tokamax else "")]
     notes += [f"not timed: {', '.join(skip)}"] if skip else []
     notes += [f"hopper kernel, {cell}: {why}" for cell, why in bench.hopper_why.items() if why and "hopper" not in skip]
@@ -524,7 +548,7 @@ def main(argv=None):
         line = (f"{mode} {row['model']} G={row['G']} M={row['M']} {kind}{' (xla, auto)' if later else ''}, TFLOP/s: "
                 f"bf16 " + (f"{base:.0f}" if base else "-"))
         for name in ("hopper", "cublaslt_row_align16", "dense_fp8_loop", "tokamax", "xla", "train_hopper",
-                     "train_tokamax", "train_xla", "train_auto"):
+                     "train_dense_fp8_loop", "train_tokamax", "train_xla", "train_auto"):
             if row.get(name):
                 line += f", {name} {row[name]:.0f}" + (f" ({row[name] / base:.2f}x)" if base else "")
         print(line + f" [{time.monotonic() - started:.0f} s]", flush=True)

@@ -407,6 +407,7 @@ def test_bench_ragged_dot_smoke(tmp_path):
     assert fwd["bf16_ragged_dot"] > 0 and fwd["xla"] > 0 and "hopper_error" in fwd
     assert train["train_bf16"] > 0 and train["train_xla"] > 0 and "tokamax" in " ".join(result["notes"])
     assert train["empty_experts"] == 1  # a quarter of 4 experts
+    assert "train_dense_fp8_loop_error" in train and "dense_fp8_loop_error" in fwd  # no cuBLASLt here
 
 
 # --------------------------------------------------------------------------- GPU: the marks themselves
