@@ -15,9 +15,10 @@ from ``LEGACY_FEATURES``. ``verified.json`` next to this file is generated from 
 
 The record also carries the speeds the results' benchmarks measured (``speeds``). On a CUDA device
 ``backend="auto"``, for the ops in ``SPEED_OPS``, runs the fastest of the verified backends and
-the xla path for this op, format pairing and size class, never one measured slower than the xla
-path (``rank``); ``explain`` shows the numbers. docs/design.md, "Speed-aware auto and per-feature
-verification", gives the rules and their reasons.
+the xla path for this op, format pairing (quantize / dequantize: format and layout, ``quantize_key``)
+and size class, never one measured slower than the xla path (``rank``); ``explain`` shows the
+numbers. docs/design.md, "Speed-aware auto and per-feature verification", gives the rules and their
+reasons.
 
 Naming a backend runs it anyway (one warning per process); ``JAX_GPUEXT_ALLOW_UNVERIFIED=1`` turns
 the record off for ``auto`` (verification and speeds: the first backend that runs, in preference
@@ -528,6 +529,46 @@ _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 # long form writes a pairing as "AxB", and names hold "x" themselves (FP8_1x128).
 FORMAT_NAMES = ("MXFP8_E4M3", "MXFP8_E5M2", "MXFP4", "NVFP4", "FP8_1x128", "FP8_128x128", "FP8_TENSOR")
 
+# Quantize / dequantize are keyed by layout as well as format: the last axis (row-wise, the key the
+# results have always had: the format's name), a non-last axis (column-wise, the transposed layout:
+# "<format> axis -2") and the fused pair of quantize_both_axes ("<format> both axes": one read of x
+# writing both copies). Their kernels differ (csrc/formats/block_scaled_cuda.cu: contiguous rows,
+# strided columns, the fused kernel), and so do the xla path's, so one layout's winner says nothing
+# of another's. Every non-last axis runs the same strided kernels (blocks down K of [outer, K,
+# inner]); the benchmark times axis -2. A layout never measured takes the xla path (rank).
+QUANTIZE_BOTH_OP = "quantize_both_axes"  # the benchmarks' op of the fused pair; auto ranks it as quantize
+BOTH_AXES = (-1, -2)  # the axis of a quantize_both_axes problem (the benchmarks write [-1, -2])
+SECOND_AXIS_KEY, BOTH_AXES_KEY = "axis -2", "both axes"
+# Formats whose blocks do not depend on the axis: FP8_128x128's tiles cover the last two axes,
+# FP8_TENSOR has one scale (quantize_both_axes runs one quantization). One key, the name, for every
+# layout. A test checks them against formats.FORMATS.
+AXIS_FREE_FORMATS = ("FP8_128x128", "FP8_TENSOR")
+
+
+def quantize_key(fmt: str, axis, ndim: int) -> str:
+    """The record's key (its "pairing") of quantize / dequantize of format ``fmt`` along ``axis``
+    (an int, or BOTH_AXES for quantize_both_axes) of an ``ndim``-d array: "MXFP8_E4M3" (the last
+    axis), "MXFP8_E4M3 axis -2" (any other axis), "MXFP8_E4M3 both axes"; the name alone for
+    AXIS_FREE_FORMATS."""
+    if fmt in AXIS_FREE_FORMATS:
+        return fmt
+    if isinstance(axis, (tuple, list)):
+        return f"{fmt} {BOTH_AXES_KEY}"
+    return fmt if axis in (-1, ndim - 1) else f"{fmt} {SECOND_AXIS_KEY}"
+
+
+def _key_text(op: str, pairing: str) -> str:
+    """A key as explain names it: a quantize / dequantize key with its layout said, "NVFP4 (last
+    axis)", "FP8_TENSOR (every axis)"; the others (and "NVFP4 axis -2", "NVFP4 both axes") as they are."""
+    if op not in ("quantize", "dequantize") or pairing != key_format(pairing):
+        return pairing
+    return f"{pairing} ({'every axis' if pairing in AXIS_FREE_FORMATS else 'last axis'})"
+
+
+def key_format(pairing: str) -> str:
+    """The format of a quantize / dequantize key (its verified feature): "NVFP4 axis -2" -> "NVFP4"."""
+    return pairing.split(" ", 1)[0]
+
 
 def _pairing(text: str) -> str | None:
     """"FP8_1x128xFP8_128x128" (or "A x B") -> "FP8_1x128 x FP8_128x128"; None if not two formats."""
@@ -537,16 +578,29 @@ def _pairing(text: str) -> str | None:
     return None
 
 
+def _layout_axis(m: dict):
+    """The axis field of a long-form quantize / dequantize row as ``quantize_key`` takes it: an int,
+    (-1, -2) for the fused pair (op quantize_both_axes, axis [-1, -2]); None where it names none."""
+    if m.get("op") == QUANTIZE_BOTH_OP:
+        return BOTH_AXES
+    axis = m.get("axis", -1)  # rows written before the benchmark timed axis -2 carry none: the last axis
+    return axis if isinstance(axis, int) and not isinstance(axis, bool) else None
+
+
 def _long_form(rows: list[dict], bench: str, device, add) -> None:
     """The benchmarks' long-form ``measurements`` (each: op, backend, format, shape, time_us, and
     tflops for dots): the ranked ops' rows that timed something. Dots: format "AxB"; ragged_dot:
-    the forward (ragged_m) rows, shape [M, K, N, G]; quantize / dequantize: the last-axis rows,
-    as GB/s of the high-precision side (the key auto ranks by). A dot's ratio to bf16 comes from
-    the run's bf16 row (backend "xla_bf16" / "bf16") of the same shape."""
+    the forward (ragged_m) rows, shape [M, K, N, G]; quantize / dequantize: every layout's rows,
+    under the layout's key (``quantize_key``: the row's "axis", and op quantize_both_axes for the
+    fused pair, recorded as op quantize), as GB/s of the high-precision side (the key auto ranks
+    by). A dot's ratio to bf16 comes from the run's bf16 row (backend "xla_bf16" / "bf16") of the
+    same shape."""
     bf16 = {tuple(m["shape"]): m.get("tflops") for m in rows
             if m.get("backend") in ("xla_bf16", "bf16") and not m.get("error") and isinstance(m.get("shape"), list)}
     for m in rows:
         op, fmt, shape, t = m.get("op"), m.get("format"), m.get("shape"), m.get("time_us")
+        if op == QUANTIZE_BOTH_OP:
+            op = "quantize"  # what quantize_both_axes selects a backend of; its key names the layout
         if op not in SPEED_OPS or m.get("error") or not isinstance(shape, list) or not fmt or \
                 not isinstance(t, (int, float)) or t <= 0 or not all(isinstance(d, int) for d in shape):
             continue
@@ -559,9 +613,11 @@ def _long_form(rows: list[dict], bench: str, device, add) -> None:
             flops = float(m.get("flops") or 2.0 * mm * k * n)
             add(op, _pairing(fmt), m["backend"], shape, flops, m.get("tflops") or flops / t / 1e6, "TFLOP/s",
                 bench, device, bf16=bf16.get(tuple(shape)) or 0)
-        elif op in ("quantize", "dequantize") and m.get("axis", -1) in (-1, len(shape) - 1):
+        elif op in ("quantize", "dequantize") and _layout_axis(m) is not None:
+            # x's bytes (read once, by the fused pair too), as speed_key counts them
             nbytes = float(math.prod(shape) * _ITEMSIZE.get(m.get("dtype", "bfloat16"), 2))
-            add(op, fmt, m["backend"], shape, nbytes, nbytes / t / 1e3, "GB/s", bench, device, time_us=t)
+            add(op, quantize_key(fmt, _layout_axis(m), len(shape)), m["backend"], shape, nbytes, nbytes / t / 1e3,
+                "GB/s", bench, device, time_us=t)
 
 
 def speeds_from_results(results: dict[str, dict]) -> list[dict]:
@@ -583,9 +639,11 @@ def speed_key(op: str, problem) -> tuple[str, float, str] | None:
     """(format pairing, work, what the work counts) of a problem of ``op``, as the record keys its
     speeds; None where the op is not ranked. One place for both sides of the key: the benchmark
     columns above and each op's problem (block_scaled_dot: dot.common.DotProblem; ragged_dot:
-    ragged_dot.common.RaggedProblem; quantize / dequantize: (format, shape, dtype)).
-    Output dtypes are not part of the key: the benchmarks write bfloat16, and a float32 result
-    changes only the epilogue."""
+    ragged_dot.common.RaggedProblem; quantize / dequantize: (format, shape, dtype, axis), axis the
+    blocks' (BOTH_AXES for quantize_both_axes; a problem without it is the last axis), keyed by
+    ``quantize_key``; the work is x's bytes, read once by the fused pair too, as ``_long_form``
+    counts them). Output dtypes are not part of the key: the benchmarks write bfloat16, and a
+    float32 result changes only the epilogue."""
     if op == "block_scaled_dot":
         b, m, n, k = problem.bmnk
         return f"{problem.lhs_format.name} x {problem.rhs_format.name}", 2.0 * b * m * n * k, "FLOP"
@@ -595,10 +653,11 @@ def speed_key(op: str, problem) -> tuple[str, float, str] | None:
         return (f"{problem.lhs_format.name} x {problem.rhs_format.name}",
                 2.0 * problem.M * problem.K * problem.N, "FLOP")
     if op in ("quantize", "dequantize"):
-        fmt, shape, dtype = problem
+        fmt, shape, dtype, *axis = problem
         import numpy as np
 
-        return fmt.name, float(math.prod(shape) * np.dtype(dtype).itemsize), "B"
+        return (quantize_key(fmt.name, axis[0] if axis else -1, len(shape)),
+                float(math.prod(shape) * np.dtype(dtype).itemsize), "B")
     return None
 
 
@@ -674,6 +733,7 @@ def rank(op: str, problem, names: list[str], ours: set[str]) -> Ranking | None:
     if key is None or arch is None or XLA_PATH not in names:
         return None
     pairing, work, unit = key
+    shown = _key_text(op, pairing)  # the key looked up, as explain names it (with the layout)
     here = size_class(work)
     rows = measured(op, pairing, arch, device_kind())
     xla_classes = sorted({m["size_class"] for m in rows if m["backend"] == XLA_PATH})
@@ -683,23 +743,23 @@ def rank(op: str, problem, names: list[str], ours: set[str]) -> Ranking | None:
     passed_over = {n: "lower preference" for n in names if n not in ours and n != XLA_PATH}
     if not xla_classes:
         for n in candidates:
-            passed_over[n] = (f"not measured against the xla path for {pairing} on {arch} (see {RESULTS_DIR}): an "
+            passed_over[n] = (f"not measured against the xla path for {shown} on {arch} (see {RESULTS_DIR}): an "
                               f"unmeasured backend is not preferred over XLA's own")
-        return Ranking(XLA_PATH, f"the xla path: no committed benchmark measured {pairing} on {arch}", passed_over)
+        return Ranking(XLA_PATH, f"the xla path: no committed benchmark measured {shown} on {arch}", passed_over)
     # the nearest class with an xla measurement; a tie goes to the smaller class (nearer in work)
     cls = min(xla_classes, key=lambda c: (abs(c - here), c))
     at = [m for m in rows if m["size_class"] == cls]
     speeds = {n: _aggregate([m for m in at if m["backend"] == n]) for n in [XLA_PATH] + candidates
               if any(m["backend"] == n for m in at)}
     xla = speeds[XLA_PATH]
-    where = (f"{pairing} on {arch}" + (f" {at[0]['device']}" if len({m['device'] for m in at}) == 1 else "")
+    where = (f"{shown} on {arch}" + (f" {at[0]['device']}" if len({m['device'] for m in at}) == 1 else "")
              + f" at {', '.join(_shape_text(s) for s in xla.shapes)} (size class 2^{cls} {unit}"
              + (f"; this call 2^{here} {unit}, the nearest measured" if cls != here else "") + ")")
     eligible = []
     for n in candidates:
         s = speeds.get(n)
         if s is None:
-            passed_over[n] = (f"not measured at size class 2^{cls} {unit} for {pairing} on {arch}: an unmeasured "
+            passed_over[n] = (f"not measured at size class 2^{cls} {unit} for {shown} on {arch}: an unmeasured "
                               f"backend is not preferred over the xla path ({xla.text()})")
         elif s.value < MARGIN * xla.value:
             relation = "slower than" if s.value < xla.value else f"within {MARGIN:.2f}x of"
@@ -872,7 +932,7 @@ _BENCH_FEATURES = {
 
 
 def _feature_ok(e: dict, op: str, backend: str, pairing: str) -> bool:
-    feature = pairing if op in ("quantize", "dequantize") else _BENCH_FEATURES.get((op, backend, pairing))
+    feature = key_format(pairing) if op in ("quantize", "dequantize") else _BENCH_FEATURES.get((op, backend, pairing))
     if feature is None or e["component_wide"]["failed"] or e.get("cut_short"):
         return False
     t = e["features"].get(feature)

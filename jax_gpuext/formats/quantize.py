@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_gpuext.common import backends, export, gates
+from jax_gpuext.common import backends, export, gates, verified
 from jax_gpuext.common import extension as _ext
 from jax_gpuext.common import ffi as _ffi
 from jax_gpuext.common.errors import UnsupportedError, require_bool
@@ -444,8 +444,7 @@ def quantize(x, fmt, *, axis: int = -1, scale_rounding: str | None = None, globa
     fmt = _check_format(fmt)
     x = _checked_input(x, "quantize")
     ax = _normalize_axis(axis, x.ndim, fmt, x.shape)
-    scale_rounding, g, sel = _checked_rounding_and_backend(x, fmt, scale_rounding, global_scale, backend)
-    problem = (fmt, x.shape, x.dtype)
+    scale_rounding, g, sel, problem = _checked_rounding_and_backend(x, fmt, scale_rounding, global_scale, backend, ax)
 
     def on(sel):
         def run(x, *gs):
@@ -466,16 +465,20 @@ def _checked_input(x, what: str):
     return x
 
 
-def _checked_rounding_and_backend(x, fmt: BlockFormat, scale_rounding, global_scale, backend: str):
-    """(scale_rounding, global scale, backend selection): the keywords checked before any backend is
-    chosen, then the choice; NVFP4's default global scale (amax / (6 * 448)) filled in."""
+def _checked_rounding_and_backend(x, fmt: BlockFormat, scale_rounding, global_scale, backend: str, axis):
+    """(scale_rounding, global scale, backend selection, problem): the keywords checked before any
+    backend is chosen, then the choice; NVFP4's default global scale (amax / (6 * 448)) filled in.
+    The problem is (format, shape, dtype, axis): ``axis`` the blocks' (verified.BOTH_AXES for
+    quantize_both_axes), so that auto ranks the call by its own layout's measurements
+    (verified.speed_key)."""
     scale_rounding = _check_scale_rounding(scale_rounding, fmt)
     g = _check_global_scale(global_scale, fmt)
-    sel = backends.select(QUANTIZE_OP, backend, problem=(fmt, x.shape, x.dtype))
+    problem = (fmt, x.shape, x.dtype, axis)
+    sel = backends.select(QUANTIZE_OP, backend, problem=problem)
     _note_fp4_layout(sel, fmt)
     if fmt.has_global_scale and g is None:
         g = ref.nvfp4_global_scale(x)
-    return scale_rounding, g, sel
+    return scale_rounding, g, sel, problem
 
 
 def _quantize_on(chosen: str, x, fmt: BlockFormat, ax: int, scale_rounding: str, g):
@@ -511,8 +514,9 @@ def quantize_both_axes(x, fmt, *, scale_rounding: str | None = None, global_scal
         raise ValueError(f"{what}: x needs rank >= 2 (it is quantized along axes -1 and -2), got shape {x.shape}")
     ax_last = _normalize_axis(-1, x.ndim, fmt, x.shape)
     ax_second = _normalize_axis(-2, x.ndim, fmt, x.shape)  # FP8_128x128 raises here, as quantize does
-    scale_rounding, g, sel = _checked_rounding_and_backend(x, fmt, scale_rounding, global_scale, backend)
-    problem = (fmt, x.shape, x.dtype)
+    # ranked by the fused pair's measurements (one read of x writing both copies), not the last axis's
+    scale_rounding, g, sel, problem = _checked_rounding_and_backend(x, fmt, scale_rounding, global_scale, backend,
+                                                                    verified.BOTH_AXES)
 
     def on(sel):
         def run(x, *gs):
@@ -782,10 +786,10 @@ def dequantize(q: BlockScaledArray, dtype=jnp.float32, *, backend: str = "auto")
     dtype = float_dtype(dtype, INPUT_DTYPES, "dequantize", "dtype")
     q.check("dequantize")
     fmt = q.format
-    sel = backends.select(DEQUANTIZE_OP, backend, problem=(fmt, q.data.shape, dtype))
+    problem = (fmt, q.data.shape, dtype, q.axis)  # ranked by the layout of q's blocks (verified.speed_key)
+    sel = backends.select(DEQUANTIZE_OP, backend, problem=problem)
     _note_fp4_layout(sel, fmt)
 
-    problem = (fmt, q.data.shape, dtype)
     gs = () if q.global_scale is None else (jnp.asarray(q.global_scale),)
 
     def on(sel):

@@ -527,7 +527,8 @@ def test_speeds_from_a_results_file_tolerate_added_fields():
 
 def test_speeds_from_the_benchmarks_long_form():
     """The long-form `measurements` the benchmarks write since issue 33 (benchmarks/_devtime.py):
-    preferred over their rows where present; errors, other ops and other axes are left out."""
+    preferred over their rows where present; errors and other ops are left out, and quantize's
+    layouts are kept apart (test_long_form_keys_each_quantize_layout_apart)."""
     ms = [{"op": "dot", "backend": "xla_bf16", "format": None, "shape": [8192, 8192, 8192], "time_us": 1390.0,
            "tflops": 791.0},
           {"op": "block_scaled_dot", "backend": "cublaslt", "format": "FP8_1x128xFP8_128x128",
@@ -551,7 +552,8 @@ def test_speeds_from_the_benchmarks_long_form():
                               "rows": [{"M": 8192, "N": 8192, "K": 8192, "xla_mxfp8": 700.0}]}]}
     got = {(m["op"], m["pairing"], m["backend"]): m for m in verified.measurements(result, "r.json")}
     assert set(got) == {("block_scaled_dot", "FP8_1x128 x FP8_128x128", "cublaslt"),
-                        ("ragged_dot", "FP8_1x128 x FP8_128x128", "hopper"), ("quantize", "NVFP4", "cuda")}
+                        ("ragged_dot", "FP8_1x128 x FP8_128x128", "hopper"), ("quantize", "NVFP4", "cuda"),
+                        ("quantize", "NVFP4 axis -2", "cuda"), ("quantize", "NVFP4 both axes", "cuda")}
     blk = got[("block_scaled_dot", "FP8_1x128 x FP8_128x128", "cublaslt")]
     assert (blk["value"], blk["bf16"], blk["device"]) == (1279.0, 791.0, "NVIDIA H100 80GB HBM3")
     q = got[("quantize", "NVFP4", "cuda")]
@@ -560,6 +562,113 @@ def test_speeds_from_the_benchmarks_long_form():
 
 def test_format_names_are_the_formats():
     assert set(verified.FORMAT_NAMES) == set(gx.formats.FORMATS)
+    # the formats whose blocks do not depend on the axis: 2-D tiles, or one scale for the tensor
+    assert set(verified.AXIS_FREE_FORMATS) == {f.name for f in gx.formats.FORMATS.values()
+                                               if f.per_tensor or len(f.block) == 2}
+
+
+# --------------------------------------------------------------------------- quantize's layouts
+def _quantize_rows(fmt="MXFP8_E4M3", shape=(4096, 4096), dtype="bfloat16"):
+    """bench_quantize's long-form rows (benchmarks/bench_quantize.py dtype_rows): each layout, cuda and xla."""
+    rows = []
+    for backend, t in (("cuda", 100.0), ("xla", 200.0)):
+        base = {"backend": backend, "format": fmt, "variant": fmt, "dtype": dtype, "shape": list(shape),
+                "passes_over_x": 1, "time_us": t}
+        rows += [dict(base, op="quantize", axis=-1), dict(base, op="quantize", axis=-2, time_us=t + 10),
+                 dict(base, op="quantize_both_axes", axis=[-1, -2], time_us=t + 20),
+                 dict(base, op="dequantize", axis=-1, passes_over_x=None, time_us=t + 30),
+                 dict(base, op="dequantize", axis=-2, passes_over_x=None, time_us=t + 40)]
+    return rows
+
+
+def _long_form_speeds(rows):
+    result = {"date": "d", "commit": "c", "device": {"compute_cap": "9.0"},
+              "benchmarks": [{"benchmark": "quantize", "device": "NVIDIA H100 80GB HBM3", "measurements": rows}]}
+    return {(m["op"], m["pairing"], m["backend"]): m for m in verified.measurements(result, "r.json")}
+
+
+def test_long_form_keys_each_quantize_layout_apart():
+    """Axis -2 and the fused pair get their own keys; the last axis keeps the format's name (the key
+    of the committed results); dequantize of an axis -2 array is keyed axis -2; the fused pair's work
+    is x's bytes read once, as speed_key counts a quantize_both_axes call."""
+    got = _long_form_speeds(_quantize_rows())
+    assert set(got) == {(op, "MXFP8_E4M3" + suffix, b) for b in ("cuda", "xla")
+                        for op, suffix in (("quantize", ""), ("quantize", " axis -2"), ("quantize", " both axes"),
+                                           ("dequantize", ""), ("dequantize", " axis -2"))}
+    times = {k: m["time_us"] for k, m in got.items() if k[2] == "cuda"}
+    assert times == {("quantize", "MXFP8_E4M3", "cuda"): 100.0, ("quantize", "MXFP8_E4M3 axis -2", "cuda"): 110.0,
+                     ("quantize", "MXFP8_E4M3 both axes", "cuda"): 120.0,
+                     ("dequantize", "MXFP8_E4M3", "cuda"): 130.0, ("dequantize", "MXFP8_E4M3 axis -2", "cuda"): 140.0}
+    nbytes = 4096 * 4096 * 2
+    for fmt, axis in ((gx.MXFP8_E4M3, -1), (gx.MXFP8_E4M3, -2), (gx.MXFP8_E4M3, verified.BOTH_AXES)):
+        pairing, work, unit = verified.speed_key("quantize", (fmt, (4096, 4096), jnp.bfloat16, axis))
+        m = got[("quantize", pairing, "cuda")]
+        assert (m["work"], m["size_class"], unit) == (nbytes, verified.size_class(nbytes), "B")
+        assert work == m["work"] and m["value"] == round(nbytes / m["time_us"] / 1e3, 2)
+    # a problem without an axis (benchmarks/bench_cpu.py) is the last axis
+    assert verified.speed_key("quantize", (gx.MXFP8_E4M3, (8, 32), jnp.float32))[0] == "MXFP8_E4M3"
+    assert verified.speed_key("dequantize", (gx.NVFP4, (2, 8, 32), jnp.float32, -3))[0] == "NVFP4 axis -2"
+    # formats whose blocks do not depend on the axis: one key for every layout, rows and calls alike
+    tensor = _long_form_speeds(_quantize_rows("FP8_TENSOR"))
+    assert {k[1] for k in tensor} == {"FP8_TENSOR"}
+    for axis in (-1, -2, verified.BOTH_AXES):
+        assert verified.speed_key("quantize", (gx.FP8_TENSOR, (64, 256), jnp.bfloat16, axis))[0] == "FP8_TENSOR"
+    assert verified.speed_key("quantize", (gx.FP8_128x128, (256, 256), jnp.bfloat16, -1))[0] == "FP8_128x128"
+
+
+def _quantize_call(fn, x):
+    (call,) = gx.explain(fn, x, platform="cuda").calls
+    return call
+
+
+def test_auto_ranks_quantize_by_its_own_layout(h100):
+    """CUDA measured faster on the last axis, the xla path on axis -2: auto takes cuda for
+    quantize(axis=-1) and xla for quantize(axis=-2), and says which key it looked up."""
+    h100.verify("formats.cuda")
+    h100.measure("quantize", "MXFP8_E4M3", "xla", 200.0, (4096, 4096), unit="GB/s")
+    h100.measure("quantize", "MXFP8_E4M3", "cuda", 900.0, (4096, 4096), unit="GB/s")
+    h100.measure("quantize", "MXFP8_E4M3 axis -2", "xla", 400.0, (4096, 4096), unit="GB/s")
+    h100.measure("quantize", "MXFP8_E4M3 axis -2", "cuda", 150.0, (4096, 4096), unit="GB/s")
+    x = jnp.ones((64, 256), jnp.float32)
+    last = _quantize_call(lambda v: gx.quantize(v, gx.MXFP8_E4M3, axis=-1), x)
+    assert last.chosen == "cuda" and "MXFP8_E4M3 (last axis) on sm_90" in last.reason, last
+    second = _quantize_call(lambda v: gx.quantize(v, gx.MXFP8_E4M3, axis=-2), x)
+    assert second.chosen == "xla", second
+    assert "slower than the xla path's" in dict(second.rejected)["cuda"] and "MXFP8_E4M3 axis -2 on sm_90" \
+        in dict(second.rejected)["cuda"]
+    assert _quantize_call(lambda v: gx.quantize(v, gx.MXFP8_E4M3, axis=0), x).chosen == "xla"  # axis 0 is axis -2
+    # dequantize of an axis -2 array: its own key, never measured here, so the xla path (as any unmeasured key)
+    h100.measure("dequantize", "MXFP8_E4M3", "xla", 200.0, (4096, 4096), unit="GB/s")
+    h100.measure("dequantize", "MXFP8_E4M3", "cuda", 900.0, (4096, 4096), unit="GB/s")
+    q_last, q_second = (jax.eval_shape(lambda v, a=a: gx.quantize(v, gx.MXFP8_E4M3, axis=a), x) for a in (-1, -2))
+    assert _quantize_call(lambda q: gx.dequantize(q), q_last).chosen == "cuda"
+    deq = _quantize_call(lambda q: gx.dequantize(q), q_second)
+    assert deq.chosen == "xla" and deq.reason == "the xla path: no committed benchmark measured MXFP8_E4M3 axis -2 " \
+        "on sm_90", deq
+    # FP8_TENSOR's one scale: axis -2 is ranked by the format's one key
+    h100.measure("quantize", "FP8_TENSOR", "xla", 200.0, (4096, 4096), unit="GB/s")
+    h100.measure("quantize", "FP8_TENSOR", "cuda", 900.0, (4096, 4096), unit="GB/s")
+    tensor = _quantize_call(lambda v: gx.quantize(v, gx.FP8_TENSOR, axis=-2), x)
+    assert tensor.chosen == "cuda" and "FP8_TENSOR (every axis)" in tensor.reason, tensor
+
+
+def test_auto_ranks_quantize_both_axes_by_the_fused_pair(h100):
+    """quantize_both_axes is ranked by the fused pair's key, whatever the single axes measured; a
+    format whose fused pair was never measured takes the xla path."""
+    h100.verify("formats.cuda")
+    for pairing, xla, cuda in (("MXFP8_E4M3", 400.0, 150.0), ("MXFP8_E4M3 axis -2", 400.0, 150.0),
+                               ("MXFP8_E4M3 both axes", 300.0, 1200.0), ("MXFP8_E5M2", 200.0, 900.0)):
+        h100.measure("quantize", pairing, "xla", xla, (4096, 4096), unit="GB/s")
+        h100.measure("quantize", pairing, "cuda", cuda, (4096, 4096), unit="GB/s")
+    x = jnp.ones((64, 256), jnp.float32)
+    both = _quantize_call(lambda v: gx.quantize_both_axes(v, gx.MXFP8_E4M3), x)
+    assert both.chosen == "cuda" and "MXFP8_E4M3 both axes on sm_90" in both.reason, both
+    assert _quantize_call(lambda v: gx.quantize(v, gx.MXFP8_E4M3), x).chosen == "xla"
+    e5 = _quantize_call(lambda v: gx.quantize_both_axes(v, gx.MXFP8_E5M2), x)  # only its last axis measured
+    assert e5.chosen == "xla" and e5.reason == "the xla path: no committed benchmark measured MXFP8_E5M2 both axes " \
+        "on sm_90"
+    assert "not measured against the xla path for MXFP8_E5M2 both axes" in dict(e5.rejected)["cuda"]
+    assert _quantize_call(lambda v: gx.quantize(v, gx.MXFP8_E5M2), x).chosen == "cuda"
 
 
 def test_rank_takes_the_nearest_measured_class_and_never_a_slower_backend(h100):
