@@ -116,7 +116,18 @@ def _scaled_canonical(a, b, rec: _Recipe, out_dtype, backend):
 def _scaled_fwd(a, b, rec, out_dtype, backend):
     # under a second derivative (jax.hessian: jvp of the vjp) jax runs this rule with tangents
     with first_order_only("scaled_dot_general"):
-        return _canonical_scaled(a, b, rec.lhs, rec.rhs, out_dtype, backend), (a, b)
+        if rec.lhs_bwd != rec.lhs:  # the backward reads other formats (NVFP4 / MXFP4 under MXFP8
+            # gradients): it quantizes the saved operands again itself
+            return _canonical_scaled(a, b, rec.lhs, rec.rhs, out_dtype, backend), (a, b)
+        # The backward quantizes each operand along its other axis in the same format (a along M
+        # for the wgrad, b along N for the dgrad): both quantizations come from one read of it
+        # here (issue 35), and the saved residuals are those 8- / 4-bit copies, not a and b.
+        qa, qa_rows = _quantize_both(a, rec.lhs)  # along K (this dot), along M (the wgrad)
+        qb_cols, qb = _quantize_both(b, rec.rhs)  # along N (the dgrad), along K (this dot)
+        out = block_scaled_dot(qa, qb, (((2,), (1,)), ((0,), (0,))), preferred_element_type=out_dtype,
+                               backend=backend)
+        # The operands' dtypes ride along as empty arrays (a residual holds arrays only)
+        return out, (qa_rows, qb_cols, jnp.zeros((0,), a.dtype), jnp.zeros((0,), b.dtype))
 
 
 def _quantize_along_rows(x, fmt):
@@ -139,9 +150,18 @@ def _quantize_both(x, fmt):
     return formats.quantize_both_axes(x.astype(jnp.float32) if x.dtype == jnp.float64 else x, fmt)
 
 
-def _grad_dtype(x):
+def _grad_dtype(dtype):
     """The dtype a gradient dot returns: the operand's own (float64 ones come back from float32)."""
-    return x.dtype if x.dtype in _OUT_DTYPES else jnp.dtype(jnp.float32)
+    return dtype if dtype in _OUT_DTYPES else jnp.dtype(jnp.float32)
+
+
+def _swap_last_two(q):
+    """``q`` quantized along axis -2 of (B, R, C), as the same blocks of its transpose (B, C, R)
+    quantized along axis -1: the bits ``quantize(swapaxes(x), fmt)`` gives, without quantizing
+    again (a per-tensor scale has no axis to move)."""
+    swap = functools.partial(jnp.swapaxes, axis1=-1, axis2=-2)
+    scale = q.scale if q.format.per_tensor and q.scale.ndim < 2 else swap(q.scale)
+    return formats.BlockScaledArray(swap(q.data), scale, q.global_scale, q.format, -1)
 
 
 def _scaled_bwd(rec, out_dtype, backend, res, g):
@@ -150,7 +170,15 @@ def _scaled_bwd(rec, out_dtype, backend, res, g):
 
 
 def _backward(rec, out_dtype, backend, res, g):
-    a, b = res  # a (B, M, K), b (B, K, N), g (B, M, N)
+    # res: (a, b) as they came in, or, where the backward's formats are the forward's, a
+    # quantized along M and b along N by the forward (_scaled_fwd) and their dtypes.
+    # a (B, M, K), b (B, K, N), g (B, M, N).
+    if len(res) == 2:
+        a, b = res
+        a_dtype, b_dtype = a.dtype, b.dtype
+        qa_rows = qb_cols = None
+    else:
+        qa_rows, qb_cols, a_dtype, b_dtype = res[0], res[1], res[2].dtype, res[3].dtype
     # g is quantized in its own dtype (formats.quantize takes f32/bf16/f16; _quantize narrows
     # float64): a bf16 -> f32 promotion here would be one more pass with identical blocks.
     # The gradient dots return the operands' dtype (float32 accumulation, one rounding), not a
@@ -158,25 +186,30 @@ def _backward(rec, out_dtype, backend, res, g):
     # dA[b,m,k] = sum_n g[b,m,n] b[b,k,n]: contract N, the last axis of both.
     # g is quantized along N (dA) and along M (dB): both from one read of g.
     qg, qg_rows = _quantize_both(g, rec.grad)
-    da = block_scaled_dot(qg, _quantize(b, rec.rhs_bwd),
-                          (((2,), (2,)), ((0,), (0,))), preferred_element_type=_grad_dtype(a), backend=backend)
-    # dB[b,k,n] = sum_m a[b,m,k] g[b,m,n]: contract M, so a and g are quantized along M. On CPU, a
-    # transposed copy of a quantized along its last axis (the same blocks): a dot whose lhs
-    # contracts its leading axis is about 3x slower on XLA:CPU (it converts both operands to f32
-    # and transposes them; docs/design.md "CPU speed"). On CUDA, a quantized along M in place:
-    # the copy was a read and a write of a in bfloat16, and XLA's GEMM takes a transposed operand
-    # as it is (our GPU kernels' canonical form transposes the 8-bit data, half those bytes).
+    qb_bwd = qb_cols if qb_cols is not None else _quantize(b, rec.rhs_bwd)
+    da = block_scaled_dot(qg, qb_bwd, (((2,), (2,)), ((0,), (0,))), preferred_element_type=_grad_dtype(a_dtype),
+                          backend=backend)
+    # dB[b,k,n] = sum_m a[b,m,k] g[b,m,n]: contract M, so a and g are quantized along M. On CPU, the
+    # transpose of a quantized along M (the same blocks): a dot whose lhs contracts its leading
+    # axis is about 3x slower on XLA:CPU (it converts both operands to f32 and transposes them;
+    # docs/design.md "CPU speed"). On CUDA, a quantized along M as it is: XLA's GEMM takes a
+    # transposed operand as it is (our GPU kernels' canonical form transposes the 8-bit data).
     # (each platform's way traced where both may be lowered for: common/export.py by_platform)
+    def qa_along_rows():
+        return qa_rows if qa_rows is not None else _quantize_along_rows(a, rec.lhs_bwd)
+
     def db_along_rows():
-        return block_scaled_dot(_quantize_along_rows(a, rec.lhs_bwd), qg_rows, (((1,), (1,)), ((0,), (0,))),
-                                preferred_element_type=_grad_dtype(b), backend=backend)
+        return block_scaled_dot(qa_along_rows(), qg_rows, (((1,), (1,)), ((0,), (0,))),
+                                preferred_element_type=_grad_dtype(b_dtype), backend=backend)
 
     def db_transposed():
-        return block_scaled_dot(_quantize(jnp.swapaxes(a, 1, 2), rec.lhs_bwd), qg_rows, (((2,), (1,)), ((0,), (0,))),
-                                preferred_element_type=_grad_dtype(b), backend=backend)
+        qa_t = _swap_last_two(qa_rows) if qa_rows is not None else _quantize(jnp.swapaxes(a, 1, 2), rec.lhs_bwd)
+        return block_scaled_dot(qa_t, qg_rows, (((2,), (1,)), ((0,), (0,))),
+                                preferred_element_type=_grad_dtype(b_dtype), backend=backend)
 
-    db = export.by_platform({"cuda": db_along_rows, "cpu": db_transposed}, (a, qg_rows))
-    return da.astype(a.dtype), db.astype(b.dtype)
+    db = export.by_platform({"cuda": db_along_rows, "cpu": db_transposed},
+                            (qa_rows if qa_rows is not None else a, qg_rows))
+    return da.astype(a_dtype), db.astype(b_dtype)
 
 
 _scaled_canonical.defvjp(_scaled_fwd, _scaled_bwd)

@@ -132,12 +132,16 @@ def test_training_paths_quantize_both_axes(fmt, monkeypatch):
     dense = lambda a, b: gx.scaled_dot_general(a, b, (((1,), (0,)), ((), ())), format=fmt).astype(jnp.float32).sum()
     jax.make_jaxpr(jax.grad(dense, argnums=(0, 1)))(x, w)
     assert ((1, 64, 128), recipe(fmt).grad) in calls, calls  # the cotangent, canonical (B, M, N)
+    # the forward's operands, where the backward reads them in the forward's formats (NVFP4's
+    # backward reads MXFP8_E4M3): x along K and M, w along K and N, saved quantized
+    rec = recipe(fmt)
+    operands = {((1, 64, 256), rec.lhs), ((1, 256, 128), rec.rhs)}
+    assert operands <= set(calls) if rec.lhs_bwd == rec.lhs else not operands & set(calls), calls
     calls.clear()
     ws = jnp.ones((4, 256, 128), jnp.bfloat16)
     sizes = jnp.array([16, 0, 40, 8], jnp.int32)
     grouped = lambda a, b: gx.scaled_ragged_dot(a, b, sizes, format=fmt).astype(jnp.float32).sum()
     jax.make_jaxpr(jax.grad(grouped, argnums=(0, 1)))(x, ws)
     # the weights, where their two quantizations share a format (NVFP4's dgrad reads MXFP8_E4M3)
-    rec = recipe(fmt)
     shapes = {s for s, _ in calls}
     assert shapes == ({(4, 256, 128)} if rec.rhs_bwd == rec.rhs else set()), calls
