@@ -108,26 +108,24 @@ def _canonical_scaled(a, b, fa, fb, out_dtype, backend):
                             backend=backend)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
-def _scaled_canonical(a, b, rec: _Recipe, out_dtype, backend):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
+def _scaled_canonical(a, b, rec: _Recipe, out_dtype, backend, in_dtypes):
     return _canonical_scaled(a, b, rec.lhs, rec.rhs, out_dtype, backend)
 
 
-def _scaled_fwd(a, b, rec, out_dtype, backend):
+def _scaled_fwd(a, b, rec, out_dtype, backend, in_dtypes):
     # under a second derivative (jax.hessian: jvp of the vjp) jax runs this rule with tangents
     with first_order_only("scaled_dot_general"):
-        if rec.lhs_bwd != rec.lhs:  # the backward reads other formats (NVFP4 / MXFP4 under MXFP8
-            # gradients): it quantizes the saved operands again itself
-            return _canonical_scaled(a, b, rec.lhs, rec.rhs, out_dtype, backend), (a, b)
-        # The backward quantizes each operand along its other axis in the same format (a along M
-        # for the wgrad, b along N for the dgrad): both quantizations come from one read of it
-        # here (issue 35), and the saved residuals are those 8- / 4-bit copies, not a and b.
-        qa, qa_rows = _quantize_both(a, rec.lhs)  # along K (this dot), along M (the wgrad)
-        qb_cols, qb = _quantize_both(b, rec.rhs)  # along N (the dgrad), along K (this dot)
+        # The backward quantizes each operand along its other axis (a along M for the wgrad, b
+        # along N for the dgrad), in its backward format: done here, so the residuals are those
+        # 8- / 4-bit copies, not a and b. Where that format is the forward's (every recipe but
+        # NVFP4 / MXFP4 under MXFP8 gradients), both quantizations of an operand come from one
+        # read of it (issue 35).
+        qa, qa_rows = _quantize_both(a, rec.lhs, rec.lhs_bwd)  # along K (this dot), along M (the wgrad)
+        qb_cols, qb = _quantize_both(b, rec.rhs_bwd, rec.rhs)  # along N (the dgrad), along K (this dot)
         out = block_scaled_dot(qa, qb, (((2,), (1,)), ((0,), (0,))), preferred_element_type=out_dtype,
                                backend=backend)
-        # The operands' dtypes ride along as empty arrays (a residual holds arrays only)
-        return out, (qa_rows, qb_cols, jnp.zeros((0,), a.dtype), jnp.zeros((0,), b.dtype))
+        return out, (qa_rows, qb_cols)
 
 
 def _quantize_along_rows(x, fmt):
@@ -140,9 +138,13 @@ def _quantize_along_rows(x, fmt):
     return _quantize(x, fmt, axis=-1 if (f.two_d or f.per_tensor) else -2)
 
 
-def _quantize_both(x, fmt):
-    """(_quantize(x, fmt), _quantize_along_rows(x, fmt)) from one read of x where the two differ
-    (formats.quantize_both_axes, issue 35: the same bits as the two calls)."""
+def _quantize_both(x, fmt, rows_fmt=None):
+    """(_quantize(x, fmt), _quantize_along_rows(x, rows_fmt or fmt)): from one read of x where the
+    two are one format and differ (formats.quantize_both_axes, issue 35: the same bits as the two
+    calls); two quantizations where the formats differ."""
+    rows_fmt = fmt if rows_fmt is None else rows_fmt
+    if rows_fmt != fmt:
+        return _quantize(x, fmt), _quantize_along_rows(x, rows_fmt)
     f = format_info(fmt)
     if f.two_d or f.per_tensor:
         q = _quantize(x, fmt)
@@ -164,21 +166,16 @@ def _swap_last_two(q):
     return formats.BlockScaledArray(swap(q.data), scale, q.global_scale, q.format, -1)
 
 
-def _scaled_bwd(rec, out_dtype, backend, res, g):
+def _scaled_bwd(rec, out_dtype, backend, in_dtypes, res, g):
     with first_order_only("scaled_dot_general"):
-        return _backward(rec, out_dtype, backend, res, g)
+        return _backward(rec, backend, in_dtypes, res, g)
 
 
-def _backward(rec, out_dtype, backend, res, g):
-    # res: (a, b) as they came in, or, where the backward's formats are the forward's, a
-    # quantized along M and b along N by the forward (_scaled_fwd) and their dtypes.
-    # a (B, M, K), b (B, K, N), g (B, M, N).
-    if len(res) == 2:
-        a, b = res
-        a_dtype, b_dtype = a.dtype, b.dtype
-        qa_rows = qb_cols = None
-    else:
-        qa_rows, qb_cols, a_dtype, b_dtype = res[0], res[1], res[2].dtype, res[3].dtype
+def _backward(rec, backend, in_dtypes, res, g):
+    # res: a (B, M, K) quantized along M and b (B, K, N) along N, in the backward formats
+    # (_scaled_fwd); g (B, M, N); in_dtypes: a's and b's dtypes.
+    qa_rows, qb_cols = res
+    a_dtype, b_dtype = in_dtypes
     # g is quantized in its own dtype (formats.quantize takes f32/bf16/f16; _quantize narrows
     # float64): a bf16 -> f32 promotion here would be one more pass with identical blocks.
     # The gradient dots return the operands' dtype (float32 accumulation, one rounding), not a
@@ -186,8 +183,7 @@ def _backward(rec, out_dtype, backend, res, g):
     # dA[b,m,k] = sum_n g[b,m,n] b[b,k,n]: contract N, the last axis of both.
     # g is quantized along N (dA) and along M (dB): both from one read of g.
     qg, qg_rows = _quantize_both(g, rec.grad)
-    qb_bwd = qb_cols if qb_cols is not None else _quantize(b, rec.rhs_bwd)
-    da = block_scaled_dot(qg, qb_bwd, (((2,), (2,)), ((0,), (0,))), preferred_element_type=_grad_dtype(a_dtype),
+    da = block_scaled_dot(qg, qb_cols, (((2,), (2,)), ((0,), (0,))), preferred_element_type=_grad_dtype(a_dtype),
                           backend=backend)
     # dB[b,k,n] = sum_m a[b,m,k] g[b,m,n]: contract M, so a and g are quantized along M. On CPU, the
     # transpose of a quantized along M (the same blocks): a dot whose lhs contracts its leading
@@ -195,20 +191,15 @@ def _backward(rec, out_dtype, backend, res, g):
     # docs/design.md "CPU speed"). On CUDA, a quantized along M as it is: XLA's GEMM takes a
     # transposed operand as it is (our GPU kernels' canonical form transposes the 8-bit data).
     # (each platform's way traced where both may be lowered for: common/export.py by_platform)
-    def qa_along_rows():
-        return qa_rows if qa_rows is not None else _quantize_along_rows(a, rec.lhs_bwd)
-
     def db_along_rows():
-        return block_scaled_dot(qa_along_rows(), qg_rows, (((1,), (1,)), ((0,), (0,))),
+        return block_scaled_dot(qa_rows, qg_rows, (((1,), (1,)), ((0,), (0,))),
                                 preferred_element_type=_grad_dtype(b_dtype), backend=backend)
 
     def db_transposed():
-        qa_t = _swap_last_two(qa_rows) if qa_rows is not None else _quantize(jnp.swapaxes(a, 1, 2), rec.lhs_bwd)
-        return block_scaled_dot(qa_t, qg_rows, (((2,), (1,)), ((0,), (0,))),
+        return block_scaled_dot(_swap_last_two(qa_rows), qg_rows, (((2,), (1,)), ((0,), (0,))),
                                 preferred_element_type=_grad_dtype(b_dtype), backend=backend)
 
-    db = export.by_platform({"cuda": db_along_rows, "cpu": db_transposed},
-                            (qa_rows if qa_rows is not None else a, qg_rows))
+    db = export.by_platform({"cuda": db_along_rows, "cpu": db_transposed}, (qa_rows, qg_rows))
     return da.astype(a_dtype), db.astype(b_dtype)
 
 
@@ -266,7 +257,7 @@ def scaled_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_el
     m, n = math.prod(lhs.shape[d] for d in lfree), math.prod(rhs.shape[d] for d in rfree)
     a = jnp.transpose(lhs, lb + lfree + lc).reshape(bsz, m, k)
     b = jnp.transpose(rhs, rb + rc + rfree).reshape(bsz, k, n)
-    out = _scaled_canonical(a, b, rec, out_dtype, backend)
+    out = _scaled_canonical(a, b, rec, out_dtype, backend, (a.dtype, b.dtype))
     shape = ([lhs.shape[d] for d in lb] + [lhs.shape[d] for d in lfree] + [rhs.shape[d] for d in rfree])
     out = out.reshape(shape)
     out = out.astype(result)  # float64: exact (computed in float32)
